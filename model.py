@@ -1,0 +1,477 @@
+"""A block-diffusion transformer (SDAR / Qwen3 architecture) in one file, and its plain decoder.
+
+- The network is a Qwen3 decoder: GQA attention with per-head RMSNorm on q and k before
+  rotate-half RoPE, a SwiGLU MLP, RMSNorm everywhere, tied or untied head. SDAR turns it into
+  a block-diffusion LM with nothing but the attention mask (block-causal, mask.py) and a mask
+  token; the logits at position i predict token i (no shift).
+- Attention runs on FlexAttention (a BlockMask) or SDPA (a dense bool mask), both built from
+  the same mask_mod. Position ids are an explicit input, since SimSD copies them.
+- A static KV cache (as in gpt-fast): a forward writes its keys at [start, start + T) and
+  attends to [0, start + T). Committed blocks live below `start`; scratch rows (drafts,
+  verification copies) land above it and are overwritten by the next forward, so a rejected
+  draft needs no rollback and can never be attended to again.
+- `generate` is SDAR's block_diffusion_generate (design notes, section 2), optionally with
+  the commit forward fused into the next block's first forward.
+- `from_pretrained` reads an HF-format SDAR/Qwen3 checkpoint directory shard by shard.
+
+References: Qwen3 (HF transformers' modeling_qwen3), SDAR (JetLM), BD3-LM, nanoGPT, gpt-fast.
+"""
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, asdict, fields
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+import mask as masks
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 2048
+    n_layer: int = 2
+    n_head: int = 4
+    n_kv_head: int = 2
+    n_embd: int = 64
+    head_dim: int = 16
+    intermediate_size: int = 192
+    rope_theta: float = 1e6
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    block_size: int = 4          # the block size the checkpoint was trained for (its default)
+    mask_token_id: int = 3
+    eos_token_id: int = 2
+    max_seq_len: int = 4096      # longest prompt + generation accepted
+
+    @classmethod
+    def from_hf(cls, hf):
+        """From an HF config.json dict (SDAR, or plain Qwen3 with a mask token added)."""
+        if hf.get("model_type") not in ("sdar", "qwen3"):
+            raise ValueError(f"model_type {hf.get('model_type')!r} is not SDAR/Qwen3-like")
+        theta = hf.get("rope_theta") or hf.get("rope_parameters", {}).get("rope_theta", 1e6)
+        eos = hf.get("eos_token_id", 151643)
+        return cls(vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"],
+                   n_head=hf["num_attention_heads"], n_kv_head=hf["num_key_value_heads"],
+                   n_embd=hf["hidden_size"],
+                   head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+                   intermediate_size=hf["intermediate_size"], rope_theta=float(theta),
+                   norm_eps=hf.get("rms_norm_eps", 1e-6),
+                   tie_embeddings=hf.get("tie_word_embeddings", False),
+                   block_size=hf.get("block_size", 4), mask_token_id=hf.get("mask_token_id"),
+                   eos_token_id=eos[0] if isinstance(eos, list) else eos,
+                   max_seq_len=hf.get("max_position_embeddings", 4096))
+
+    def to_hf(self):
+        return dict(model_type="sdar", architectures=["SDARForCausalLM"],
+                    vocab_size=self.vocab_size, num_hidden_layers=self.n_layer,
+                    num_attention_heads=self.n_head, num_key_value_heads=self.n_kv_head,
+                    hidden_size=self.n_embd, head_dim=self.head_dim,
+                    intermediate_size=self.intermediate_size, rope_theta=self.rope_theta,
+                    rms_norm_eps=self.norm_eps, tie_word_embeddings=self.tie_embeddings,
+                    block_size=self.block_size, mask_token_id=self.mask_token_id,
+                    eos_token_id=self.eos_token_id, max_position_embeddings=self.max_seq_len,
+                    hidden_act="silu", attention_bias=False)
+
+
+SDAR = dict(vocab_size=151936, rope_theta=1e6, mask_token_id=151669, eos_token_id=151643,
+            max_seq_len=32768, head_dim=128)
+PRESETS = {
+    "sdar-1.7b": dict(SDAR, n_layer=28, n_embd=2048, n_head=16, n_kv_head=8,
+                      intermediate_size=6144, tie_embeddings=True),
+    "sdar-4b": dict(SDAR, n_layer=36, n_embd=2560, n_head=32, n_kv_head=8,
+                    intermediate_size=9728, tie_embeddings=True),
+    "sdar-8b": dict(SDAR, n_layer=36, n_embd=4096, n_head=32, n_kv_head=8,
+                    intermediate_size=12288, tie_embeddings=False),
+    "tiny": dict(vocab_size=97, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16,
+                 intermediate_size=128, mask_token_id=3, eos_token_id=2, max_seq_len=1024),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):  # normalise in fp32, as Qwen3 does
+        x32 = x.float()
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def rope(x, cos, sin):
+    """Rotate-half RoPE. x: (b, heads, T, hd); cos, sin: (b, 1, T, hd/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+class KVCache(nn.Module):
+    def __init__(self, batch, n_kv_head, max_len, head_dim, dtype, device):
+        super().__init__()
+        shape = (batch, n_kv_head, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, start, k, v):  # k, v: (b, n_kv, T, hd)
+        end = start + k.shape[2]
+        self.k[:, :, start:end], self.v[:, :, start:end] = k, v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = c.n_head, c.n_kv_head, c.head_dim
+        self.wq = nn.Linear(c.n_embd, c.n_head * c.head_dim, bias=False)
+        self.wk = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=False)
+        self.wv = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=False)
+        self.wo = nn.Linear(c.n_head * c.head_dim, c.n_embd, bias=False)
+        self.q_norm, self.k_norm = RMSNorm(c.head_dim, c.norm_eps), RMSNorm(c.head_dim, c.norm_eps)
+        self.cache = None
+
+    def forward(self, x, cos, sin, mask, start):
+        b, T, _ = x.shape
+        q = self.q_norm(self.wq(x).view(b, T, self.n_head, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.wk(x).view(b, T, self.n_kv_head, self.head_dim)).transpose(1, 2)
+        v = self.wv(x).view(b, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)  # (b, nh, T, hd), (b, nkv, T, hd)
+        if start is not None:
+            k, v = self.cache.update(start, k, v)     # (b, nkv, start + T, hd)
+        if isinstance(mask, BlockMask):
+            y = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.wo(y.transpose(1, 2).reshape(b, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.gate = nn.Linear(c.n_embd, c.intermediate_size, bias=False)
+        self.up = nn.Linear(c.n_embd, c.intermediate_size, bias=False)
+        self.down = nn.Linear(c.intermediate_size, c.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.attn_norm, self.attn = RMSNorm(c.n_embd, c.norm_eps), Attention(c)
+        self.mlp_norm, self.mlp = RMSNorm(c.n_embd, c.norm_eps), MLP(c)
+
+    def forward(self, x, cos, sin, mask, start):
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask, start)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = c = config
+        self.embed = nn.Embedding(c.vocab_size, c.n_embd)
+        self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layer))
+        self.norm = RMSNorm(c.n_embd, c.norm_eps)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.attn_impl = None  # "flex" or "sdpa"; None: flex on CUDA, SDPA on CPU (faster there)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def setup_cache(self, max_len, batch=1):
+        """Allocate the static KV cache: max_len rows = committed blocks + scratch."""
+        p = self.embed.weight
+        for layer in self.layers:
+            layer.attn.cache = KVCache(batch, self.config.n_kv_head, max_len,
+                                       self.config.head_dim, p.dtype, p.device)
+
+    def forward(self, idx, pos=None, start=None, mask=None, keep=None):
+        """idx: (b, T) token ids. pos: (b, T) or (T,) RoPE positions (default start + arange).
+        start: None for a cache-free forward, else the cache row the queries are written to.
+        mask: a mask_mod, BlockMask or dense bool mask over keys [0, start + T); default
+        block-causal. keep: compute logits for the last `keep` rows only. -> (b, keep, vocab)"""
+        b, T = idx.shape
+        off = start or 0
+        if pos is None:
+            pos = torch.arange(off, off + T, device=idx.device)
+        if mask is None:
+            mask = masks.block_causal(self.config.block_size, off)
+        if callable(mask) and not isinstance(mask, BlockMask):
+            impl = self.attn_impl or ("flex" if idx.is_cuda else "sdpa")
+            to_mask = masks.block_mask if impl == "flex" else masks.dense_mask
+            mask = to_mask(mask, T, off + T, idx.device)
+        hd = self.config.head_dim
+        inv_freq = self.config.rope_theta ** -(torch.arange(0, hd, 2, device=idx.device).float() / hd)
+        angles = pos.view(-1, 1, T, 1).float() * inv_freq    # (b or 1, 1, T, hd/2)
+        cos, sin = angles.cos(), angles.sin()
+        x = self.embed(idx)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, start)
+        x = x if keep is None else x[:, T - keep:]
+        return self.lm_head(self.norm(x)).float()
+
+    # ---- checkpoints: the HF layout of real SDAR checkpoints ----
+    HF_NAMES = {  # HF name -> ours; {i} is the layer index
+        "model.embed_tokens.weight": "embed.weight",
+        "model.norm.weight": "norm.weight",
+        "lm_head.weight": "lm_head.weight",
+        "model.layers.{i}.input_layernorm.weight": "layers.{i}.attn_norm.weight",
+        "model.layers.{i}.post_attention_layernorm.weight": "layers.{i}.mlp_norm.weight",
+        "model.layers.{i}.self_attn.q_proj.weight": "layers.{i}.attn.wq.weight",
+        "model.layers.{i}.self_attn.k_proj.weight": "layers.{i}.attn.wk.weight",
+        "model.layers.{i}.self_attn.v_proj.weight": "layers.{i}.attn.wv.weight",
+        "model.layers.{i}.self_attn.o_proj.weight": "layers.{i}.attn.wo.weight",
+        "model.layers.{i}.self_attn.q_norm.weight": "layers.{i}.attn.q_norm.weight",
+        "model.layers.{i}.self_attn.k_norm.weight": "layers.{i}.attn.k_norm.weight",
+        "model.layers.{i}.mlp.gate_proj.weight": "layers.{i}.mlp.gate.weight",
+        "model.layers.{i}.mlp.up_proj.weight": "layers.{i}.mlp.up.weight",
+        "model.layers.{i}.mlp.down_proj.weight": "layers.{i}.mlp.down.weight",
+    }
+
+    @staticmethod
+    def local_name(hf_name):
+        m = re.match(r"model\.layers\.(\d+)\.(.*)", hf_name)
+        template = f"model.layers.{{i}}.{m.group(2)}" if m else hf_name
+        if template not in Transformer.HF_NAMES:
+            raise ValueError(f"unexpected weight in checkpoint: {hf_name}")
+        return Transformer.HF_NAMES[template].replace("{i}", m.group(1) if m else "")
+
+    @classmethod
+    def from_pretrained(cls, path, device=None, dtype=None):
+        """Load an HF-format SDAR/Qwen3 directory, one shard at a time straight onto `device`
+        (the model is built on the meta device, so weights never exist twice in memory)."""
+        from safetensors import safe_open
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no config.json in checkpoint directory {path}")
+        config = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+        if (path / "model.safetensors.index.json").is_file():
+            index = json.loads((path / "model.safetensors.index.json").read_text())
+            shards = sorted(set(index["weight_map"].values()))
+        elif (path / "model.safetensors").is_file():
+            shards = ["model.safetensors"]
+        else:
+            raise FileNotFoundError(f"no model.safetensors(.index.json) in {path}")
+        with torch.device("meta"):
+            model = cls(config)
+        expected = {k: v.shape for k, v in model.state_dict().items()}
+        loaded = set()
+        for shard in shards:
+            with safe_open(path / shard, framework="pt", device=str(device or "cpu")) as f:
+                for hf_name in f.keys():
+                    name = cls.local_name(hf_name)
+                    if name == "lm_head.weight" and config.tie_embeddings:
+                        continue  # some tied checkpoints store the head too: it is the embedding
+                    t = f.get_tensor(hf_name)
+                    if t.shape != expected[name]:
+                        raise ValueError(f"shape mismatch for {hf_name}: checkpoint "
+                                         f"{tuple(t.shape)}, model {tuple(expected[name])}")
+                    model.load_state_dict({name: t.to(dtype or t.dtype)}, strict=False, assign=True)
+                    loaded.add(name)
+        missing = set(expected) - loaded - ({"lm_head.weight"} if config.tie_embeddings else set())
+        if missing:
+            raise ValueError(f"checkpoint {path} lacks weight(s): {', '.join(sorted(missing))}")
+        if config.tie_embeddings:
+            model.lm_head.weight = model.embed.weight
+        return model.eval()
+
+    def save_pretrained(self, path, dtype=torch.bfloat16):
+        from safetensors.torch import save_file
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(self.config.to_hf(), indent=2) + "\n")
+        ours = {v: k for k, v in self.HF_NAMES.items()}
+        state = {}
+        for name, t in self.state_dict().items():
+            if name == "lm_head.weight" and self.config.tie_embeddings:
+                continue
+            m = re.match(r"layers\.(\d+)\.(.*)", name)
+            hf = ours[f"layers.{{i}}.{m.group(2)}"].replace("{i}", m.group(1)) if m else ours[name]
+            state[hf] = t.detach().to(dtype).contiguous().cpu()
+        save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+
+
+# ---- plain block-diffusion decoding (design notes, section 2) ----
+
+@dataclass
+class DecodeRule:
+    """One denoising step of SDAR's decoder: from a block's logits to its next state.
+    strategy "low_confidence_static" reveals the `steps`-quota most confident masked tokens;
+    "low_confidence_dynamic" (Fast-dLLM's threshold rule) reveals every masked token whose
+    confidence reaches `threshold`, and at least the static quota."""
+    mask_id: int
+    block_size: int = 4
+    strategy: str = "low_confidence_static"
+    steps: int = None              # per block; default block_size (one token per step)
+    threshold: float = 0.9
+    temperature: float = 0.0       # 0: greedy
+    top_k: int = None
+    top_p: float = None
+
+    def __post_init__(self):
+        self.steps = self.steps or self.block_size
+        if self.strategy not in ("low_confidence_static", "low_confidence_dynamic"):
+            raise ValueError(f"unknown strategy {self.strategy!r}")
+        if not 1 <= self.steps <= self.block_size:
+            raise ValueError(f"steps must be in [1, block_size={self.block_size}], got {self.steps}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        # SDAR splits the block evenly over the steps, the remainder going to the first steps
+        base, extra = divmod(self.block_size, self.steps)
+        self.quota = [base + (s < extra) for s in range(self.steps)]
+
+    def probs(self, logits):
+        """(n, V) logits -> (n, V) fp32 probabilities after top-k, top-p and temperature."""
+        logits = logits.float() / (self.temperature or 1.0)
+        logits[:, self.mask_id] = -math.inf  # revealing a mask would reveal nothing
+        if self.top_k is not None:
+            kth = logits.topk(min(self.top_k, logits.shape[-1])).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, -math.inf)
+        if self.top_p is not None and self.top_p < 1:
+            sorted_logits, order = logits.sort(descending=True)
+            cum = sorted_logits.softmax(-1).cumsum(-1)
+            drop = cum - sorted_logits.softmax(-1) >= self.top_p   # keep the smallest nucleus
+            logits = logits.masked_fill(drop.scatter(-1, order, drop), -math.inf)
+        return logits.softmax(-1)
+
+    def pick(self, p, generator=None):
+        """Draw a token per row of p (argmax when greedy); -> (tokens, their probabilities)."""
+        if self.temperature == 0:
+            tokens = p.argmax(-1)
+        else:
+            tokens = torch.multinomial(p, 1, generator=generator).squeeze(-1)
+        return tokens, p.gather(-1, tokens[:, None]).squeeze(-1)
+
+    def __call__(self, logits, block, step, generator=None):
+        """logits: (B, V) for the block; block: (B,) with mask_id at unknown positions;
+        step: index of this step within the block. Returns the next state of the block."""
+        masked = (block == self.mask_id).nonzero().squeeze(-1)
+        tokens, confidence = self.pick(self.probs(logits[masked]), generator)
+        quota = min(self.quota[min(step, self.steps - 1)], len(masked))
+        reveal = confidence.topk(quota).indices
+        if self.strategy == "low_confidence_dynamic":
+            sure = (confidence >= self.threshold).nonzero().squeeze(-1)
+            reveal = sure if len(sure) >= quota else reveal      # host sync
+        block = block.clone()
+        block[masked[reveal]] = tokens[reveal]
+        return block
+
+
+class Session:
+    """A model's decoding cursor over its KV cache: `committed` rows are final; a finished
+    block waits in `pending` until the next forward carries it in as extra queries (fused
+    commit), or is written at once by its own forward (SDAR's separate commit)."""
+
+    def __init__(self, model, block_size, max_len, fuse_commit=True):
+        self.model, self.block_size, self.fuse_commit = model, block_size, fuse_commit
+        model.setup_cache(max_len)
+        self.device = model.embed.weight.device
+        self.committed, self.pending, self.nfe = 0, None, 0
+
+    def forward(self, tokens, pos, mask_for, keep):
+        """One forward of [pending ; tokens]. mask_for(prefix, n_commit) builds the mask_mod
+        (prefix = committed rows, n_commit = rows of the pending block); -> (keep, V) logits."""
+        n_commit = 0 if self.pending is None else len(self.pending)
+        if n_commit:
+            tokens = torch.cat([self.pending, tokens])
+            pos = torch.cat([torch.arange(self.committed, self.committed + n_commit,
+                                          device=self.device), pos])
+        logits = self.model(tokens[None], pos, self.committed, mask_for(self.committed, n_commit),
+                            keep=keep)
+        self.committed, self.pending = self.committed + n_commit, None
+        self.nfe += 1
+        return logits[0]
+
+    def prefill(self, ids):
+        if len(ids):
+            self.pending = ids
+            self.flush()
+
+    def commit(self, block):
+        self.pending = block
+        if not self.fuse_commit:
+            self.flush()
+
+    def flush(self):  # a forward with nothing but the pending block: SDAR's commit
+        self.forward(self.pending[:0], self.pending[:0], lambda c, n: masks.block_causal(
+            self.block_size, c), keep=0)
+
+
+def check_prompt(prompt, config, max_new_tokens, device):
+    ids = torch.as_tensor(prompt, dtype=torch.long, device=device).flatten()
+    if len(ids) == 0:
+        raise ValueError("empty prompt")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if ids.min() < 0 or ids.max() >= config.vocab_size:
+        raise ValueError(f"prompt token ids must be in [0, {config.vocab_size})")
+    if len(ids) + max_new_tokens > config.max_seq_len:
+        raise ValueError(f"prompt ({len(ids)}) + max_new_tokens ({max_new_tokens}) exceeds the "
+                         f"context of {config.max_seq_len} tokens")
+    return ids
+
+
+def decode(fill_block, sessions, ids, block_size, max_new_tokens, mask_id, eos_id, on_block=None):
+    """The block loop every decoder shares: prefill the prompt's whole blocks into each
+    session, then fill block after block (the prompt tail stays in the first block as known
+    tokens, so blocks stay on the grid the model was trained on) and commit each; stop at
+    EOS or max_new_tokens. fill_block(block, pos) -> the filled block."""
+    B = block_size
+    n_prefix = len(ids) // B * B
+    for s in sessions:
+        s.prefill(ids[:n_prefix])
+    tail, out, start = ids[n_prefix:], [], n_prefix
+    while len(out) < max_new_tokens:
+        block = torch.full((B,), mask_id, device=ids.device)
+        block[:len(tail)] = tail
+        block = fill_block(block, torch.arange(start, start + B, device=ids.device))
+        for s in sessions:
+            s.commit(block)
+        new = block[len(tail):].tolist()  # host sync, once a block
+        tail, start, stop = tail[:0], start + B, eos_id in new
+        out += new[:new.index(eos_id)] if stop else new
+        if on_block:
+            on_block(out[len(out) - len(new):] if not stop else new[:new.index(eos_id)])
+        if stop:
+            break
+    return out[:max_new_tokens]
+
+
+@torch.no_grad()
+def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_id=None,
+             generator=None, on_block=None):
+    """Plain block-diffusion decoding (SDAR's block_diffusion_generate).
+    model: a Transformer (batch 1). prompt: token ids. rule: a DecodeRule (default: the
+    model's block size, one token per step, greedy). fuse_commit: write each finished block
+    into the cache during the next block's first forward (False: SDAR's extra commit
+    forward). eos_id: stop token (default config.eos_token_id). generator: torch.Generator
+    for sampling. on_block(new_ids): called as each block is finished.
+    Returns (new token ids without EOS, stats with nfe, tokens, seconds)."""
+    c = model.config
+    rule = rule or DecodeRule(c.mask_token_id, c.block_size)
+    ids = check_prompt(prompt, c, max_new_tokens, model.embed.weight.device)
+    B, t0 = rule.block_size, time.perf_counter()
+    sess = Session(model, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
+
+    def fill_block(block, pos):
+        step = 0
+        while (block == rule.mask_id).any():  # host sync
+            logits = sess.forward(block, pos, lambda c, n: masks.block_causal(B, c), keep=B)
+            block, step = rule(logits, block, step, generator), step + 1
+        return block
+
+    eos = c.eos_token_id if eos_id is None else eos_id
+    out = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, eos, on_block)
+    return out, dict(nfe=sess.nfe, tokens=len(out), seconds=time.perf_counter() - t0)

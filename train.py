@@ -1,0 +1,207 @@
+"""Train a small block-diffusion LM with the BD3-LM / SDAR objective (design notes, section 5).
+
+Each batch is a window of L clean tokens x_0 starting at a document start. A block size B is
+drawn per batch from {4, 8, 32}, so one checkpoint decodes at all three; in every block of B
+tokens each token is masked with probability t ~ U(eps, 1) (one t per block), giving x_t.
+The model reads [x_t ; x_0] (2L tokens, both halves at positions 0..L-1) under the BD3-LM
+mask (mask.bd3lm_training): noisy block b sees itself and the clean blocks before it, which is
+exactly what it sees when decoding block b against a KV cache of clean blocks. The loss is the
+cross-entropy on the masked positions of x_t.
+
+On CPU the attention is SDPA with the dense mask (CPU FlexAttention has no backward) under
+bf16 autocast; on CUDA it is compiled FlexAttention.
+
+    python prepare.py                      # builds data/ (corpus + tokenizer), once
+    python train.py --preset target        # -> models/target (config.json, weights, tokenizer)
+    python train.py --preset drafter       # -> models/drafter
+    python train.py --preset target --resume   # continue from out/target/ckpt.pt
+                                               # (training checkpoints live in out/<preset>)
+"""
+import argparse
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+import mask as masks
+from model import ModelConfig, Transformer
+
+# model shapes and schedules; the drafter is ~5x smaller than the target, same tokenizer
+PRESETS = {
+    "target": dict(model=dict(n_layer=4, n_embd=256, n_head=4, n_kv_head=2, head_dim=64,
+                              intermediate_size=768), iters=3000, lr=1.5e-3),
+    "drafter": dict(model=dict(n_layer=2, n_embd=128, n_head=2, n_kv_head=1, head_dim=64,
+                               intermediate_size=384), iters=1500, lr=3e-3),
+    "tiny": dict(model=dict(n_layer=1, n_embd=32, n_head=2, n_kv_head=1, head_dim=16,
+                            intermediate_size=64), iters=40, lr=3e-3),
+}
+BLOCK_SIZES = (4, 8, 32)
+
+
+class Batches:
+    """Random windows of `seq_len` tokens from a uint16 token file, each starting right after
+    an EOS (a document start), as prompts do at inference."""
+
+    def __init__(self, path, seq_len, eos_id, seed):
+        if not Path(path).is_file() or Path(path).stat().st_size == 0:
+            raise FileNotFoundError(f"corpus file {path} is missing or empty (run prepare.py)")
+        self.data = np.fromfile(path, dtype=np.uint16)
+        starts = np.flatnonzero(self.data == eos_id) + 1
+        self.starts = np.concatenate([[0], starts[starts + seq_len <= len(self.data)]])
+        if len(self.data) < seq_len + 1:
+            raise ValueError(f"corpus file {path} is shorter than one window of {seq_len}")
+        self.seq_len, self.rng = seq_len, np.random.default_rng(seed)
+
+    def __call__(self, batch_size):
+        idx = self.rng.choice(self.starts, batch_size)
+        x = np.stack([self.data[i:i + self.seq_len] for i in idx]).astype(np.int64)
+        return torch.from_numpy(x)
+
+
+def noise(x0, block_size, mask_id, generator, eps=1e-3):
+    """x_t: mask each token of each block with that block's t ~ U(eps, 1)."""
+    b, L = x0.shape
+    t = torch.rand(b, L // block_size, 1, generator=generator) * (1 - eps) + eps
+    t = t.expand(-1, -1, block_size).reshape(b, L)
+    masked = torch.rand(b, L, generator=generator) < t
+    return torch.where(masked, mask_id, x0), masked
+
+
+def bd3lm_loss(model, x0, block_size, generator):
+    """Mean cross-entropy on the masked positions of x_t, with the [x_t ; x_0] input."""
+    L = x0.shape[1]
+    xt, masked = noise(x0, block_size, model.config.mask_token_id, generator)
+    pos = torch.arange(L).repeat(2)
+    mask_mod = masks.bd3lm_training(block_size, L)
+    if x0.is_cuda:
+        mask = masks.block_mask(mask_mod, 2 * L, 2 * L, x0.device)
+    else:
+        mask = masks.dense_mask(mask_mod, 2 * L, 2 * L, x0.device)
+        pos = pos.to(x0.device)
+    logits = model(torch.cat([xt, x0], 1), pos, mask=mask)[:, :L]   # (b, L, V): x_t rows
+    return F.cross_entropy(logits[masked], x0[masked])
+
+
+@torch.no_grad()
+def evaluate(model, splits, seq_len, batch_size, n_batches, seed=0):
+    """Held-out masked-token loss per (split, block size), with fixed windows and noise."""
+    model.eval()
+    out = {}
+    for name, path in splits.items():
+        batches = Batches(path, seq_len, model.config.eos_token_id, seed)
+        xs = [batches(batch_size) for _ in range(n_batches)]
+        for B in BLOCK_SIZES:
+            g = torch.Generator().manual_seed(seed)
+            with autocast(model):
+                out[f"{name}/B{B}"] = sum(bd3lm_loss(model, x.to(device_of(model)), B, g).item()
+                                          for x in xs) / n_batches
+    model.train()
+    return out
+
+
+def device_of(model):
+    return model.embed.weight.device
+
+
+def autocast(model):
+    dev = device_of(model).type
+    return torch.autocast(dev, dtype=torch.bfloat16, enabled=dev in ("cpu", "cuda"))
+
+
+def lr_at(it, iters, lr, warmup):
+    """Linear warm-up, then cosine decay to 10%."""
+    if it < warmup:
+        return lr * (it + 1) / warmup
+    progress = (it - warmup) / max(1, iters - warmup)
+    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def main(preset="target", data_dir="data", out_dir=None, iters=None, batch_size=16, seq_len=256,
+         lr=None, warmup=200, weight_decay=0.1, grad_clip=1.0, eval_every=500, eval_batches=4,
+         seed=1337, resume=False, device="cpu", threads=None):
+    if preset not in PRESETS:
+        raise SystemExit(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    p = PRESETS[preset]
+    iters, lr = iters or p["iters"], lr or p["lr"]
+    data_dir, out_dir = Path(data_dir), Path(out_dir or f"models/{preset}")
+    meta_file = data_dir / "meta.json"
+    if not meta_file.is_file():
+        raise SystemExit(f"{meta_file} not found: run `python prepare.py` first")
+    meta = json.loads(meta_file.read_text())
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=meta["vocab_size"], mask_token_id=meta["mask_id"],
+                         eos_token_id=meta["eos_id"], block_size=4, max_seq_len=4096, **p["model"])
+    model = Transformer(config).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
+                            weight_decay=weight_decay, fused=device == "cuda")
+    ckpt_file, start, log = Path("out") / preset / "ckpt.pt", 0, []
+    if resume:
+        if not ckpt_file.is_file():
+            raise SystemExit(f"--resume: no checkpoint at {ckpt_file}")
+        ckpt = torch.load(ckpt_file, map_location=device)
+        if ckpt["config"] != asdict(config):
+            raise SystemExit(f"--resume: {ckpt_file} was trained with another model config")
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        start, log = ckpt["iter"], ckpt["log"]
+    train = Batches(data_dir / "train.bin", seq_len, meta["eos_id"], seed + start)
+    val = {s: data_dir / f"{s}.bin" for s in ("val_text", "val_arith")}
+    g = torch.Generator().manual_seed(seed + start)
+    n_params = sum(t.numel() for t in model.parameters())
+    print(f"{preset}: {n_params / 1e6:.2f}M parameters, {iters} iterations of "
+          f"{batch_size}x{seq_len} tokens, block sizes {BLOCK_SIZES}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_file.parent.mkdir(parents=True, exist_ok=True)
+    bar, t0, tokens = tqdm(range(start, iters), initial=start, total=iters), time.time(), 0
+    for it in bar:
+        if it % eval_every == 0 or it == iters - 1:
+            log.append(dict(iter=it, seconds=time.time() - t0, **evaluate(model, val, seq_len, batch_size, eval_batches)))
+            bar.write(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in log[-1].items()))
+            torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict(), iter=it,
+                            config=asdict(config), log=log), ckpt_file)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(it, iters, lr, warmup)
+        B = BLOCK_SIZES[torch.randint(len(BLOCK_SIZES), (1,), generator=g).item()]
+        with autocast(model):
+            loss = bd3lm_loss(model, train(batch_size).to(device), B, g)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        tokens += batch_size * seq_len
+        bar.set_postfix(loss=f"{loss.item():.3f}", B=B, tok_s=f"{tokens / (time.time() - t0):.0f}")
+    torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict(), iter=iters,
+                    config=asdict(config), log=log), ckpt_file)
+    model.save_pretrained(out_dir, dtype=torch.float16)
+    shutil.copy(data_dir / "tokenizer.model", out_dir / "tokenizer.model")
+    (out_dir / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    print(f"saved {out_dir} after {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="target", help=f"one of {', '.join(PRESETS)}")
+    ap.add_argument("--data-dir", default="data")
+    ap.add_argument("--out-dir", default=None, help="default models/<preset>")
+    ap.add_argument("--iters", type=int, default=None, help="default from the preset")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=None)
+    a = ap.parse_args()
+    main(preset=a.preset, data_dir=a.data_dir, out_dir=a.out_dir, iters=a.iters,
+         batch_size=a.batch_size, seq_len=a.seq_len, lr=a.lr, eval_every=a.eval_every,
+         seed=a.seed, resume=a.resume, device=a.device, threads=a.threads)

@@ -1,0 +1,202 @@
+"""Spiffy: lossless auto-speculative decoding of a block-diffusion LM with calibrated draft graphs.
+
+Design notes, section 4 (after the Spiffy paper). No drafter: the drafts are guesses of the
+block's future states, built from the target's own last distribution.
+  - A draft node is a set of extra reveals (i, j): "the position ranked i by top-1 confidence
+    gets its j-th most likely token", all ranks read off the distribution the drafts are
+    built from. Node A is a parent of B if B reveals one decoding step more and A's reveals
+    are a subset of B's; a node can have several parents, so the drafts form a graph.
+  - calibrate: run plain decoding on a few prompts, count the reveal sets that really
+    followed each state, keep the connected subgraph of the D most frequent ones (JSON).
+  - Each round: from the distribution of the last verified state, build the nodes of the
+    graph on top of the current state, keep the D* best (geometric-mean score), run ONE
+    forward over [current block ; node copies] (mask.spiffy_copies: each copy sees the cache
+    and itself, so each gets exactly the logits the target computes in that state), then
+    walk: apply the decoding rule to the current logits; while the new state is a verified
+    node, continue from that node's logits.
+Every transition applies the plain decoding rule to the exact logits of the exact state, with
+the random draws in the same order, so the output is plain decoding's, token for token.
+
+    python spiffy.py --calibrate            # writes models/target/spiffy_graph_b32_static.json
+    python sample.py --spec spiffy
+"""
+import argparse
+import json
+import math
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+import mask as masks
+from model import DecodeRule, Session, Transformer, check_prompt, decode
+
+
+def ranks(logits, state, rule):
+    """Rank the masked positions of `state` by top-1 confidence under `logits` (the
+    distribution the drafts are built from); -> (positions by rank, (m, V) token order, probs)."""
+    masked = (state == rule.mask_id).nonzero().squeeze(-1)
+    p = rule.probs(logits[masked])                     # (m, V)
+    p_sorted, tok_order = p.sort(-1, descending=True)
+    by_conf = p_sorted[:, 0].argsort(descending=True)
+    return masked[by_conf], tok_order[by_conf], p_sorted[by_conf]
+
+
+def reveal_pairs(logits, state, later, rule):
+    """The (position rank, token rank) pairs that turn `state` into `later`."""
+    pos, tok_order, _ = ranks(logits, state, rule)
+    pairs = []
+    for i, p in enumerate(pos.tolist()):
+        if later[p] != rule.mask_id:
+            pairs.append((i, int((tok_order[i] == later[p]).nonzero()[0])))
+    return tuple(sorted(pairs))
+
+
+def reachable(node, chosen, one_per_step):
+    """A node can be matched only after one of its parents (a chosen node one step smaller),
+    unless the first step can produce it: any reveal set under the threshold rule."""
+    if len(node) == 1 or not one_per_step:
+        return True
+    return any(len(a) == len(node) - 1 and set(a) < set(node) for a in chosen)
+
+
+def connected_top(nodes, score, budget, one_per_step):
+    """The `budget` best nodes by score that stay connected to the root."""
+    chosen, todo = [], sorted(nodes, key=lambda n: (-score[n], len(n), n))
+    added = True
+    while added and len(chosen) < budget:
+        added = False
+        for n in todo:
+            if n not in chosen and reachable(n, chosen, one_per_step):
+                chosen.append(n)
+                added = True
+                break
+    return chosen
+
+
+def one_per_step(rule):
+    return rule.strategy == "low_confidence_static" and rule.steps == rule.block_size
+
+
+def build_drafts(logits, state, graph, budget, rule):
+    """Instantiate the graph's nodes on `state` from `logits`; keep the `budget` best by the
+    geometric mean of their token probabilities and their children's scores (bottom-up).
+    -> list of block states, one per kept node."""
+    pos, tok_order, p_sorted = ranks(logits, state, rule)
+    nodes = [n for n in graph["nodes"] if all(i < len(pos) for i, _ in n)]
+    single = one_per_step(rule)
+    score = {}
+    for n in sorted(nodes, key=len, reverse=True):             # children before parents
+        logs = [math.log(max(float(p_sorted[i, j]), 1e-30)) for i, j in n]
+        logs += [math.log(score[c]) for c in nodes if set(n) < set(c)
+                 and (len(c) == len(n) + 1 or not single)]
+        score[n] = math.exp(sum(logs) / len(logs))
+    drafts = []
+    for n in connected_top(nodes, score, budget, single):
+        s = state.clone()
+        for i, j in n:
+            s[pos[i]] = tok_order[i, j]
+        drafts.append(s)
+    return drafts
+
+
+def load_graph(path, rule):
+    """Read a calibrated graph; refuse one made for another block size or decoding rule."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"draft graph {path} not found (run `python spiffy.py --calibrate`)")
+    try:
+        g = json.loads(path.read_text())
+        if not all(len(p) == 2 and min(p) >= 0 for n in g["nodes"] for p in n):
+            raise ValueError("a node is not a list of [position rank, token rank] pairs")
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"malformed draft graph {path}: {e}") from None
+    want = graph_rule(rule)
+    got = {k: g.get(k) for k in want}
+    if got != want:
+        raise ValueError(f"draft graph {path} was calibrated for {got}, not {want}")
+    return g
+
+
+def graph_rule(rule):
+    r = dict(block_size=rule.block_size, strategy=rule.strategy, steps=rule.steps)
+    if rule.strategy == "low_confidence_dynamic":
+        r["threshold"] = rule.threshold
+    return r
+
+
+@torch.no_grad()
+def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, draft_budget=8,
+                    fuse_commit=True, eos_id=None, generator=None, on_block=None, record=None):
+    """Spiffy decoding; same arguments and output as model.generate, plus
+    graph: a calibrated graph (load_graph), None for no drafts (plain decoding);
+    draft_budget: D*, the most nodes verified per forward;
+    record(states, logits): called per block with its trajectory (used by calibrate)."""
+    c = model.config
+    rule = rule or DecodeRule(c.mask_token_id, c.block_size)
+    if draft_budget < 1:
+        raise ValueError(f"draft budget D* must be >= 1, got {draft_budget}")
+    ids = check_prompt(prompt, c, max_new_tokens, model.embed.weight.device)
+    if graph:
+        graph = dict(graph, nodes=[tuple(map(tuple, n)) for n in graph["nodes"]])
+    B, t0 = rule.block_size, time.perf_counter()
+    sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 3) * B, fuse_commit)
+    advanced, verified, t_model = Counter(), Counter(), 0.0
+
+    def fill_block(block, pos):
+        nonlocal t_model
+        step, last_logits, states, trajectory = 0, None, [block], []
+        while (block == rule.mask_id).any():                   # host sync
+            drafts = []
+            if graph and last_logits is not None:
+                drafts = build_drafts(last_logits, block, graph, draft_budget, rule)
+            copies = torch.cat([block] + drafts)
+            t = time.perf_counter()
+            logits = sess.forward(copies, pos.repeat(1 + len(drafts)),
+                                  lambda c, n: masks.spiffy_copies(c, n, B), keep=len(copies))
+            t_model += time.perf_counter() - t
+            logits = logits.view(1 + len(drafts), B, -1)
+            n_steps, i = 0, 0
+            while True:                                        # the walk
+                new = rule(logits[i], block, step, generator)
+                trajectory.append(logits[i])
+                step, n_steps, last_logits, block = step + 1, n_steps + 1, logits[i], new
+                states.append(block)
+                match = [k for k, s in enumerate(drafts) if torch.equal(s, new)]
+                if not match or not (new == rule.mask_id).any():
+                    break
+                i = match[0] + 1
+            advanced[n_steps] += 1
+            verified[len(drafts)] += 1
+        if record:
+            record(states, trajectory)
+        return block
+
+    eos = c.eos_token_id if eos_id is None else eos_id
+    out = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, eos, on_block)
+    seconds = time.perf_counter() - t0
+    return out, dict(nfe=sess.nfe, tokens=len(out), seconds=seconds, tokens_per_s=len(out) / seconds,
+                     steps_per_forward=dict(sorted(advanced.items())),
+                     nodes_per_forward=dict(sorted(verified.items())),
+                     model_seconds=t_model)
+
+
+def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
+    """Count the reveal sets that followed each state in plain decoding, relative to the
+    distribution the drafts would have been built from (the previous state's), and keep
+    the connected subgraph of the `budget` most frequent."""
+    counts = Counter()
+
+    def record(states, logits):
+        # drafts for state t are built from logits[t - 1] (the previous state's forward)
+        for t in range(1, len(states) - 1):
+            for d in range(1, max_depth + 1):
+                if t + d < len(states):
+                    counts[reveal_pairs(logits[t - 1], states[t], states[t + d], rule)] += 1
+
+    for p in prompts:
+        spiffy_generate(model, p, max_new_tokens, rule, graph=None, record=record)
+    nodes = connected_top(list(counts), counts, budget, one_per_step(rule))
+    return dict(graph_rule(rule), nodes=[list(map(list, n)) for n in nodes],
+                counts=[counts[n] for n in nodes])

@@ -43,7 +43,8 @@ class ModelConfig:
     rope_theta: float = 1e6
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
-    block_size: int = 4          # the block size the checkpoint was trained for (its default)
+    block_size: int = 4          # the block size the checkpoint decodes with by default
+    block_sizes: tuple = ()      # all it was trained for; () = block_size only (SDAR checkpoints)
     mask_token_id: int = 3
     eos_token_id: int = 2
     max_seq_len: int = 4096      # longest prompt + generation accepted
@@ -54,7 +55,10 @@ class ModelConfig:
         if hf.get("model_type") not in ("sdar", "qwen3"):
             raise ValueError(f"model_type {hf.get('model_type')!r} is not SDAR/Qwen3-like")
         theta = hf.get("rope_theta") or hf.get("rope_parameters", {}).get("rope_theta", 1e6)
-        eos = hf.get("eos_token_id", 151643)
+        if hf.get("mask_token_id") is None:
+            raise ValueError("config.json has no mask_token_id: not a block-diffusion checkpoint")
+        eos = hf.get("eos_token_id")
+        eos = 151643 if eos is None else eos  # Qwen's <|endoftext|>
         return cls(vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"],
                    n_head=hf["num_attention_heads"], n_kv_head=hf["num_key_value_heads"],
                    n_embd=hf["hidden_size"],
@@ -62,7 +66,8 @@ class ModelConfig:
                    intermediate_size=hf["intermediate_size"], rope_theta=float(theta),
                    norm_eps=hf.get("rms_norm_eps", 1e-6),
                    tie_embeddings=hf.get("tie_word_embeddings", False),
-                   block_size=hf.get("block_size", 4), mask_token_id=hf.get("mask_token_id"),
+                   block_size=hf.get("block_size", 4), block_sizes=tuple(hf.get("block_sizes", ())),
+                   mask_token_id=hf.get("mask_token_id"),
                    eos_token_id=eos[0] if isinstance(eos, list) else eos,
                    max_seq_len=hf.get("max_position_embeddings", 4096))
 
@@ -73,7 +78,8 @@ class ModelConfig:
                     hidden_size=self.n_embd, head_dim=self.head_dim,
                     intermediate_size=self.intermediate_size, rope_theta=self.rope_theta,
                     rms_norm_eps=self.norm_eps, tie_word_embeddings=self.tie_embeddings,
-                    block_size=self.block_size, mask_token_id=self.mask_token_id,
+                    block_size=self.block_size, block_sizes=list(self.block_sizes),
+                    mask_token_id=self.mask_token_id,
                     eos_token_id=self.eos_token_id, max_position_embeddings=self.max_seq_len,
                     hidden_act="silu", attention_bias=False)
 
@@ -139,6 +145,8 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)  # (b, nh, T, hd), (b, nkv, T, hd)
         if start is not None:
+            if self.cache is None:
+                raise ValueError("a cached forward (start given) needs model.setup_cache first")
             k, v = self.cache.update(start, k, v)     # (b, nkv, start + T, hd)
         if isinstance(mask, BlockMask):
             y = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
@@ -244,6 +252,12 @@ class Transformer(nn.Module):
             raise ValueError(f"unexpected weight in checkpoint: {hf_name}")
         return Transformer.HF_NAMES[template].replace("{i}", m.group(1) if m else "")
 
+    @staticmethod
+    def hf_name(name):
+        m = re.match(r"layers\.(\d+)\.(.*)", name)
+        ours = {v: k for k, v in Transformer.HF_NAMES.items()}
+        return ours[f"layers.{{i}}.{m.group(2)}"].replace("{i}", m.group(1)) if m else ours[name]
+
     @classmethod
     def from_pretrained(cls, path, device=None, dtype=None):
         """Load an HF-format SDAR/Qwen3 directory, one shard at a time straight onto `device`
@@ -268,6 +282,9 @@ class Transformer(nn.Module):
             with safe_open(path / shard, framework="pt", device=str(device or "cpu")) as f:
                 for hf_name in f.keys():
                     name = cls.local_name(hf_name)
+                    if name not in expected:
+                        raise ValueError(f"unexpected weight in checkpoint: {hf_name} (the "
+                                         f"config has {config.n_layer} layers)")
                     if name == "lm_head.weight" and config.tie_embeddings:
                         continue  # some tied checkpoints store the head too: it is the embedding
                     t = f.get_tensor(hf_name)
@@ -278,7 +295,8 @@ class Transformer(nn.Module):
                     loaded.add(name)
         missing = set(expected) - loaded - ({"lm_head.weight"} if config.tie_embeddings else set())
         if missing:
-            raise ValueError(f"checkpoint {path} lacks weight(s): {', '.join(sorted(missing))}")
+            names = ", ".join(sorted(cls.hf_name(n) for n in missing))
+            raise ValueError(f"checkpoint {path} lacks weight(s): {names}")
         if config.tie_embeddings:
             model.lm_head.weight = model.embed.weight
         return model.eval()
@@ -288,14 +306,9 @@ class Transformer(nn.Module):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         (path / "config.json").write_text(json.dumps(self.config.to_hf(), indent=2) + "\n")
-        ours = {v: k for k, v in self.HF_NAMES.items()}
-        state = {}
-        for name, t in self.state_dict().items():
-            if name == "lm_head.weight" and self.config.tie_embeddings:
-                continue
-            m = re.match(r"layers\.(\d+)\.(.*)", name)
-            hf = ours[f"layers.{{i}}.{m.group(2)}"].replace("{i}", m.group(1)) if m else ours[name]
-            state[hf] = t.detach().to(dtype).contiguous().cpu()
+        state = {self.hf_name(name): t.detach().to(dtype).contiguous().cpu()
+                 for name, t in self.state_dict().items()
+                 if not (name == "lm_head.weight" and self.config.tie_embeddings)}
         save_file(state, path / "model.safetensors", metadata={"format": "pt"})
 
 
@@ -317,7 +330,7 @@ class DecodeRule:
     top_p: float = None
 
     def __post_init__(self):
-        self.steps = self.steps or self.block_size
+        self.steps = self.block_size if self.steps is None else self.steps
         if self.strategy not in ("low_confidence_static", "low_confidence_dynamic"):
             raise ValueError(f"unknown strategy {self.strategy!r}")
         if not 1 <= self.steps <= self.block_size:
@@ -417,6 +430,8 @@ def check_prompt(prompt, config, max_new_tokens, device):
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if ids.min() < 0 or ids.max() >= config.vocab_size:
         raise ValueError(f"prompt token ids must be in [0, {config.vocab_size})")
+    if (ids == config.mask_token_id).any():
+        raise ValueError("the prompt holds the mask token")
     if len(ids) + max_new_tokens > config.max_seq_len:
         raise ValueError(f"prompt ({len(ids)}) + max_new_tokens ({max_new_tokens}) exceeds the "
                          f"context of {config.max_seq_len} tokens")

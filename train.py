@@ -139,7 +139,8 @@ def main(preset="target", data_dir="data", out_dir=None, iters=None, batch_size=
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
     config = ModelConfig(vocab_size=meta["vocab_size"], mask_token_id=meta["mask_id"],
-                         eos_token_id=meta["eos_id"], block_size=4, max_seq_len=4096, **p["model"])
+                         eos_token_id=meta["eos_id"], block_size=4, block_sizes=BLOCK_SIZES,
+                         max_seq_len=4096, **p["model"])
     model = Transformer(config).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
                             weight_decay=weight_decay, fused=device == "cuda")

@@ -1,0 +1,153 @@
+"""Generate text with plain block-diffusion decoding, SimSD or Spiffy.
+
+    python sample.py --spec simsd                       # embedded target + drafter, CPU
+    python sample.py --spec spiffy --block-size 32 --threshold 0.9
+    python sample.py --spec none --prompt "ROMEO:" --temperature 0.8 --seed 1
+    python sample.py --spec simsd --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --chat \\
+        --device cuda --dtype bfloat16 --prompt "What is 17 * 23?"
+
+Text is printed block by block as it is committed, then a one-line summary; with --json the
+last line is one JSON object (text, token_ids, nfe_target, nfe_draft, tokens_per_s, ...).
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from model import DecodeRule, Transformer, generate
+from speculate import simsd_generate
+from spiffy import load_graph, spiffy_generate
+from tokenizer import check_same_tokenizer, load_tokenizer
+
+ROOT = Path(__file__).parent
+DEFAULT_TARGET, DEFAULT_DRAFTER = ROOT / "models/target", ROOT / "models/drafter"
+DEFAULT_PROMPT = ("Question: Mia has 7 apples and buys 5 more. Then she eats 3. "
+                  "How many apples does she have now?\nAnswer:")
+SPECS = ("none", "simsd", "spiffy")
+
+
+def load(path, device="cpu", dtype=None):
+    """A checkpoint directory -> (model, tokenizer)."""
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    model = Transformer.from_pretrained(path, device=device, dtype=dtype or torch.float32)
+    tok = load_tokenizer(path, mask_id=model.config.mask_token_id)
+    if tok.vocab_size > model.config.vocab_size:
+        raise ValueError(f"{path}: tokenizer has {tok.vocab_size} ids, the model only "
+                         f"{model.config.vocab_size}")
+    return model, tok
+
+
+def check_block_size(model, block_size, name):
+    supported = model.config.block_sizes or (model.config.block_size,)
+    if block_size not in supported:
+        raise ValueError(f"{name} was trained for block size(s) {list(supported)}, not {block_size}")
+
+
+def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
+              steps=None):
+    """Plain decoding's rule: one token per step, or the threshold rule when threshold is set."""
+    B = block_size or model.config.block_size
+    return DecodeRule(model.config.mask_token_id, B, steps=steps,
+                      strategy="low_confidence_dynamic" if threshold else "low_confidence_static",
+                      threshold=threshold or 0.9, temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def graph_path(target, rule):
+    kind = f"t{rule.threshold:g}" if rule.strategy == "low_confidence_dynamic" else "static"
+    return Path(target) / f"spiffy_graph_b{rule.block_size}_{kind}.json"
+
+
+def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER,
+         block_size=None, gamma=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
+         max_new_tokens=64, seed=0, device="cpu", dtype=None, compile=False, chat=False,
+         graph=None, draft_budget=8, as_json=False):
+    if spec not in SPECS:
+        raise ValueError(f"unknown --spec {spec!r}; choose from {', '.join(SPECS)}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda asked for, but no GPU is available")
+    dtype = getattr(torch, dtype) if dtype else None
+    model, tok = load(target, device, dtype)
+    rule = make_rule(model, block_size, threshold, temperature, top_k, top_p)
+    check_block_size(model, rule.block_size, "target")
+    if compile:
+        model.compile(dynamic=True)
+    text = tok.apply_chat_template(prompt) if chat else prompt
+    ids = tok.encode(text)
+    shown = []
+
+    def on_block(new):  # print as blocks are committed (decode the whole text: multi-byte pieces)
+        before = tok.decode(shown)
+        shown.extend(new)
+        print(tok.decode(shown)[len(before):], end="", flush=True)
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    kw = dict(rule=rule, eos_id=tok.eos_id, generator=gen, on_block=None if as_json else on_block)
+    if not as_json:
+        print(text, end="", flush=True)
+    if spec == "none":
+        out, stats = generate(model, ids, max_new_tokens, **kw)
+    elif spec == "simsd":
+        draft_model, draft_tok = load(drafter, device, dtype)
+        check_same_tokenizer(draft_tok, tok)
+        check_block_size(draft_model, rule.block_size, "drafter")
+        if compile:
+            draft_model.compile(dynamic=True)
+        out, stats = simsd_generate(model, draft_model, ids, max_new_tokens, gamma=gamma, **kw)
+    else:
+        g = load_graph(graph or graph_path(target, rule), rule)
+        out, stats = spiffy_generate(model, ids, max_new_tokens, graph=g, draft_budget=draft_budget, **kw)
+    nfe_draft = stats.get("nfe_draft", 0)
+    summary = (f"\n--- {stats['tokens']} tokens in {stats['seconds']:.2f} s "
+               f"({stats['tokens'] / stats['seconds']:.1f} tok/s), target NFE {stats['nfe']} "
+               f"({stats['tokens'] / stats['nfe']:.2f} tokens/forward)")
+    if spec == "simsd":
+        summary += f", drafter NFE {nfe_draft}, mean accepted {stats['mean_accepted']:.2f}"
+    if spec == "spiffy":
+        summary += f", steps per forward {stats['steps_per_forward']}"
+    print(summary)
+    if as_json:
+        print(json.dumps(dict(text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
+                              nfe_draft=nfe_draft, tokens_per_s=stats["tokens"] / stats["seconds"],
+                              **{k: v for k, v in stats.items() if k not in ("nfe", "nfe_draft")})))
+    return out, stats
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", default="simsd", choices=SPECS, help="decoding method (default simsd)")
+    ap.add_argument("--prompt", default=DEFAULT_PROMPT)
+    ap.add_argument("--target", default=str(DEFAULT_TARGET), help="target checkpoint directory")
+    ap.add_argument("--drafter", default=str(DEFAULT_DRAFTER), help="drafter checkpoint (simsd)")
+    ap.add_argument("--block-size", type=int, default=None, help="default: the target's")
+    ap.add_argument("--gamma", type=int, default=None, help="simsd: max drafted tokens a round (default B)")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="use the threshold rule (low_confidence_dynamic) with this confidence")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ap.add_argument("--top-k", type=int, default=None)
+    ap.add_argument("--top-p", type=float, default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--compile", action="store_true", help="torch.compile the models")
+    ap.add_argument("--chat", action="store_true", help="wrap the prompt in the ChatML template")
+    ap.add_argument("--graph", default=None, help="spiffy: draft graph JSON (default: next to the target)")
+    ap.add_argument("--draft-budget", type=int, default=8, help="spiffy: D*, nodes verified per forward")
+    ap.add_argument("--json", action="store_true", help="last line: one JSON object")
+    a = ap.parse_args(argv)
+    return dict(spec=a.spec, prompt=a.prompt, target=a.target, drafter=a.drafter,
+                block_size=a.block_size, gamma=a.gamma, threshold=a.threshold,
+                temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                max_new_tokens=a.max_new_tokens, seed=a.seed, device=a.device, dtype=a.dtype,
+                compile=a.compile, chat=a.chat, graph=a.graph, draft_budget=a.draft_budget,
+                as_json=a.json)
+
+
+if __name__ == "__main__":
+    try:
+        main(**parse_args())
+    except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback
+        sys.exit(f"error: {e}")

@@ -1,0 +1,59 @@
+"""Shared test helpers: the repo root on sys.path (so `import model` works from tests/) and a
+tiny random Transformer that is "peaky".
+
+Also: torch runs single-threaded here. The test tensors are tiny, and with several threads on
+cores shared with other jobs every op waits on a thread barrier (about 300x slower measured).
+
+Why peaky: with the default init (std 0.02) a random model's logits are nearly uniform and
+every position decodes to the same token, so decoding tests would pass vacuously. Re-drawing
+the weights with a fan-in scaled std gives varied greedy outputs and spread-out confidences.
+"""
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from model import PRESETS, ModelConfig, Transformer  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    # eager flex_attention on CPU warns on every first call that it is not compiled: expected here
+    config.addinivalue_line(
+        "filterwarnings", "ignore:flex_attention called without torch.compile:UserWarning")
+
+
+def make_model(n_layer=2, vocab=97, block_size=4, seed=0, gain=3.0, embed_std=1.0, **overrides):
+    """A tiny fp32 Transformer in eval mode (the "tiny" preset plus overrides), re-initialised
+    so that its logits are far from uniform: Linear weights ~ N(0, (gain / sqrt(fan_in))^2),
+    embedding ~ N(0, embed_std^2), RMSNorm weights ~ 1 + U(-0.2, 0.2) (so a missed norm weight
+    changes the logits)."""
+    config = ModelConfig(**{**PRESETS["tiny"], "n_layer": n_layer, "vocab_size": vocab,
+                            "block_size": block_size, **overrides})
+    g = torch.Generator().manual_seed(seed)
+    model = Transformer(config)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Embedding):
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * embed_std)
+            elif isinstance(m, nn.Linear) and m.weight is not model.embed.weight:
+                std = gain / math.sqrt(m.weight.shape[1])
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * std)
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.4 * (torch.rand(p.shape, generator=g) - 0.5))
+    return model.float().eval()
+
+
+@pytest.fixture
+def tiny_model():
+    """Factory fixture: tiny_model(**kwargs) -> make_model(**kwargs)."""
+    return make_model

@@ -35,10 +35,9 @@ from tqdm import tqdm
 
 from model import generate
 from prepare import extract_answer, problems
-from sample import (DEFAULT_DRAFTER, DEFAULT_TARGET, check_block_size, graph_path, load,
-                    make_rule)
+from sample import DEFAULT_DRAFTER, DEFAULT_TARGET, check_block_size, load, make_rule
 from speculate import simsd_generate
-from spiffy import calibrate, load_graph, spiffy_generate
+from spiffy import calibrate, graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer
 
 METHODS = ("sdar", "plain", "threshold", "simsd", "spiffy", "spiffy+threshold")

@@ -51,37 +51,31 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf):
-        """From an HF config.json dict (SDAR, or plain Qwen3 with a mask token added)."""
+        """From an HF config.json dict (SDAR, or Qwen3 with a mask token added)."""
         if hf.get("model_type") not in ("sdar", "qwen3"):
             raise ValueError(f"model_type {hf.get('model_type')!r} is not SDAR/Qwen3-like")
-        theta = hf.get("rope_theta") or hf.get("rope_parameters", {}).get("rope_theta", 1e6)
         if hf.get("mask_token_id") is None:
             raise ValueError("config.json has no mask_token_id: not a block-diffusion checkpoint")
-        eos = hf.get("eos_token_id")
-        eos = 151643 if eos is None else eos  # Qwen's <|endoftext|>
-        return cls(vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"],
-                   n_head=hf["num_attention_heads"], n_kv_head=hf["num_key_value_heads"],
-                   n_embd=hf["hidden_size"],
-                   head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
-                   intermediate_size=hf["intermediate_size"], rope_theta=float(theta),
-                   norm_eps=hf.get("rms_norm_eps", 1e-6),
-                   tie_embeddings=hf.get("tie_word_embeddings", False),
-                   block_size=hf.get("block_size", 4), block_sizes=tuple(hf.get("block_sizes", ())),
-                   mask_token_id=hf.get("mask_token_id"),
-                   eos_token_id=eos[0] if isinstance(eos, list) else eos,
-                   max_seq_len=hf.get("max_position_embeddings", 4096))
+        kw = {ours: hf[theirs] for ours, theirs in HF_KEYS.items() if hf.get(theirs) is not None}
+        theta = hf.get("rope_theta") or hf.get("rope_parameters", {}).get("rope_theta", 1e6)
+        eos = kw.get("eos_token_id", 151643)                     # Qwen's <|endoftext|>
+        return cls(**dict(kw, rope_theta=float(theta), block_sizes=tuple(kw.get("block_sizes", ())),
+                          head_dim=kw.get("head_dim", kw["n_embd"] // kw["n_head"]),
+                          tie_embeddings=kw.get("tie_embeddings", False),
+                          eos_token_id=eos[0] if isinstance(eos, list) else eos))
 
     def to_hf(self):
-        return dict(model_type="sdar", architectures=["SDARForCausalLM"],
-                    vocab_size=self.vocab_size, num_hidden_layers=self.n_layer,
-                    num_attention_heads=self.n_head, num_key_value_heads=self.n_kv_head,
-                    hidden_size=self.n_embd, head_dim=self.head_dim,
-                    intermediate_size=self.intermediate_size, rope_theta=self.rope_theta,
-                    rms_norm_eps=self.norm_eps, tie_word_embeddings=self.tie_embeddings,
-                    block_size=self.block_size, block_sizes=list(self.block_sizes),
-                    mask_token_id=self.mask_token_id,
-                    eos_token_id=self.eos_token_id, max_position_embeddings=self.max_seq_len,
-                    hidden_act="silu", attention_bias=False)
+        hf = {theirs: getattr(self, ours) for ours, theirs in HF_KEYS.items()}
+        return dict(hf, model_type="sdar", architectures=["SDARForCausalLM"], hidden_act="silu",
+                    attention_bias=False, block_sizes=list(self.block_sizes))
+
+
+HF_KEYS = dict(vocab_size="vocab_size", n_layer="num_hidden_layers", n_head="num_attention_heads",
+               n_kv_head="num_key_value_heads", n_embd="hidden_size", head_dim="head_dim",
+               intermediate_size="intermediate_size", rope_theta="rope_theta",
+               norm_eps="rms_norm_eps", tie_embeddings="tie_word_embeddings",
+               block_size="block_size", block_sizes="block_sizes", mask_token_id="mask_token_id",
+               eos_token_id="eos_token_id", max_seq_len="max_position_embeddings")
 
 
 SDAR = dict(vocab_size=151936, rope_theta=1e6, mask_token_id=151669, eos_token_id=151643,

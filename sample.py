@@ -18,7 +18,7 @@ import torch
 
 from model import DecodeRule, Transformer, generate
 from speculate import simsd_generate
-from spiffy import load_graph, spiffy_generate
+from spiffy import graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer, load_tokenizer
 
 ROOT = Path(__file__).parent
@@ -53,11 +53,6 @@ def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=Non
     return DecodeRule(model.config.mask_token_id, B, steps=steps,
                       strategy="low_confidence_dynamic" if threshold else "low_confidence_static",
                       threshold=threshold or 0.9, temperature=temperature, top_k=top_k, top_p=top_p)
-
-
-def graph_path(target, rule):
-    kind = f"t{rule.threshold:g}" if rule.strategy == "low_confidence_dynamic" else "static"
-    return Path(target) / f"spiffy_graph_b{rule.block_size}_{kind}.json"
 
 
 def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER,

@@ -17,7 +17,7 @@ block's future states, built from the target's own last distribution.
 Every transition applies the plain decoding rule to the exact logits of the exact state, with
 the random draws in the same order, so the output is plain decoding's, token for token.
 
-    python spiffy.py --calibrate            # writes models/target/spiffy_graph_b32_static.json
+    python spiffy.py --calibrate            # models/target/spiffy_graph_b{4,8,32}_{static,t0.9}.json
     python sample.py --spec spiffy
 """
 import argparse
@@ -119,6 +119,12 @@ def load_graph(path, rule):
     return g
 
 
+def graph_path(target_dir, rule):
+    """Where the graph calibrated for `rule` lives: next to the target's weights."""
+    kind = f"t{rule.threshold:g}" if rule.strategy == "low_confidence_dynamic" else "static"
+    return Path(target_dir) / f"spiffy_graph_b{rule.block_size}_{kind}.json"
+
+
 def graph_rule(rule):
     r = dict(block_size=rule.block_size, strategy=rule.strategy, steps=rule.steps)
     if rule.strategy == "low_confidence_dynamic":
@@ -200,3 +206,40 @@ def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
     nodes = connected_top(list(counts), counts, budget, one_per_step(rule))
     return dict(graph_rule(rule), nodes=[list(map(list, n)) for n in nodes],
                 counts=[counts[n] for n in nodes])
+
+
+def main(target="models/target", block_sizes=(4, 8, 32), thresholds=(None, 0.9), prompts=50,
+         budget=16, max_new_tokens=64):
+    """Calibrate and save a graph per (block size, rule) on training-split problems."""
+    from prepare import problems
+    from tokenizer import load_tokenizer
+    model = Transformer.from_pretrained(target, dtype=torch.float32)
+    tok = load_tokenizer(target)
+    ids = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(prompts, "train")]
+    for B in block_sizes:
+        for th in thresholds:
+            rule = DecodeRule(model.config.mask_token_id, B, threshold=th or 0.9,
+                              strategy="low_confidence_dynamic" if th else "low_confidence_static")
+            t0 = time.perf_counter()
+            g = calibrate(model, ids, rule, max_new_tokens, budget)
+            path = graph_path(target, rule)
+            path.write_text(json.dumps(g) + "\n")
+            print(f"{path}: {len(g['nodes'])} nodes in {time.perf_counter() - t0:.1f} s, "
+                  f"most frequent {g['nodes'][:3]} x {g['counts'][:3]}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calibrate", action="store_true", help="calibrate and save draft graphs")
+    ap.add_argument("--target", default="models/target")
+    ap.add_argument("--block-size", default="4,8,32", help="comma-separated")
+    ap.add_argument("--prompts", type=int, default=50, help="training-split problems to run")
+    ap.add_argument("--budget", type=int, default=16, help="D: nodes kept in the graph")
+    a = ap.parse_args()
+    if not a.calibrate:
+        ap.error("nothing to do: pass --calibrate")
+    try:
+        main(a.target, tuple(int(b) for b in a.block_size.split(",")), prompts=a.prompts,
+             budget=a.budget)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")

@@ -1,6 +1,6 @@
 """Train a small block-diffusion LM with the BD3-LM / SDAR objective (design notes, section 5).
 
-Each batch is a window of L clean tokens x_0 starting at a document start. A block size B is
+Each batch holds random windows of L clean tokens x_0 from the corpus. A block size B is
 drawn per batch from {4, 8, 32}, so one checkpoint decodes at all three; in every block of B
 tokens each token is masked with probability t ~ U(eps, 1) (one t per block), giving x_t.
 The model reads [x_t ; x_0] (2L tokens, both halves at positions 0..L-1) under the BD3-LM
@@ -36,9 +36,9 @@ from model import ModelConfig, Transformer
 # model shapes and schedules; the drafter is ~5x smaller than the target, same tokenizer
 PRESETS = {
     "target": dict(model=dict(n_layer=4, n_embd=256, n_head=4, n_kv_head=2, head_dim=64,
-                              intermediate_size=768), iters=3000, lr=1.5e-3),
+                              intermediate_size=768), iters=2500, lr=1.5e-3),
     "drafter": dict(model=dict(n_layer=2, n_embd=128, n_head=2, n_kv_head=1, head_dim=64,
-                               intermediate_size=384), iters=1500, lr=3e-3),
+                               intermediate_size=384), iters=1200, lr=3e-3),
     "tiny": dict(model=dict(n_layer=1, n_embd=32, n_head=2, n_kv_head=1, head_dim=16,
                             intermediate_size=64), iters=40, lr=3e-3),
 }
@@ -46,21 +46,18 @@ BLOCK_SIZES = (4, 8, 32)
 
 
 class Batches:
-    """Random windows of `seq_len` tokens from a uint16 token file, each starting right after
-    an EOS (a document start), as prompts do at inference."""
+    """Random windows of `seq_len` tokens from a uint16 token file (documents joined by EOS)."""
 
-    def __init__(self, path, seq_len, eos_id, seed):
+    def __init__(self, path, seq_len, seed):
         if not Path(path).is_file() or Path(path).stat().st_size == 0:
             raise FileNotFoundError(f"corpus file {path} is missing or empty (run prepare.py)")
         self.data = np.fromfile(path, dtype=np.uint16)
-        starts = np.flatnonzero(self.data == eos_id) + 1
-        self.starts = np.concatenate([[0], starts[starts + seq_len <= len(self.data)]])
         if len(self.data) < seq_len + 1:
             raise ValueError(f"corpus file {path} is shorter than one window of {seq_len}")
         self.seq_len, self.rng = seq_len, np.random.default_rng(seed)
 
     def __call__(self, batch_size):
-        idx = self.rng.choice(self.starts, batch_size)
+        idx = self.rng.integers(0, len(self.data) - self.seq_len, batch_size)
         x = np.stack([self.data[i:i + self.seq_len] for i in idx]).astype(np.int64)
         return torch.from_numpy(x)
 
@@ -95,7 +92,7 @@ def evaluate(model, splits, seq_len, batch_size, n_batches, seed=0):
     model.eval()
     out = {}
     for name, path in splits.items():
-        batches = Batches(path, seq_len, model.config.eos_token_id, seed)
+        batches = Batches(path, seq_len, seed)
         xs = [batches(batch_size) for _ in range(n_batches)]
         for B in BLOCK_SIZES:
             g = torch.Generator().manual_seed(seed)
@@ -125,7 +122,7 @@ def lr_at(it, iters, lr, warmup):
 
 def main(preset="target", data_dir="data", out_dir=None, iters=None, batch_size=16, seq_len=256,
          lr=None, warmup=200, weight_decay=0.1, grad_clip=1.0, eval_every=500, eval_batches=4,
-         seed=1337, resume=False, device="cpu", threads=None):
+         seed=1337, resume=False, device="cpu", threads=None, ckpt_dir=None):
     if preset not in PRESETS:
         raise SystemExit(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     p = PRESETS[preset]
@@ -144,7 +141,7 @@ def main(preset="target", data_dir="data", out_dir=None, iters=None, batch_size=
     model = Transformer(config).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
                             weight_decay=weight_decay, fused=device == "cuda")
-    ckpt_file, start, log = Path("out") / preset / "ckpt.pt", 0, []
+    ckpt_file, start, log = Path(ckpt_dir or f"out/{preset}") / "ckpt.pt", 0, []
     if resume:
         if not ckpt_file.is_file():
             raise SystemExit(f"--resume: no checkpoint at {ckpt_file}")
@@ -154,7 +151,7 @@ def main(preset="target", data_dir="data", out_dir=None, iters=None, batch_size=
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         start, log = ckpt["iter"], ckpt["log"]
-    train = Batches(data_dir / "train.bin", seq_len, meta["eos_id"], seed + start)
+    train = Batches(data_dir / "train.bin", seq_len, seed + start)
     val = {s: data_dir / f"{s}.bin" for s in ("val_text", "val_arith")}
     g = torch.Generator().manual_seed(seed + start)
     n_params = sum(t.numel() for t in model.parameters())

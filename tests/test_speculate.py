@@ -1,0 +1,447 @@
+"""Tests for speculate.py (SimSD, DESIGN.md section 3) on tiny random "peaky" models, CPU.
+
+- verify: for a one-layer target every mask slot's logits equal plain decoding's at that
+  position and step (a cache-free reference built here), for random step maps with known and
+  undrafted positions, with and without a cached prefix and a pending finished block. Deeper
+  targets are only approximate, so there the mask verify builds is checked against the rules
+  and the flex path against the dense one.
+- accept: greedy prefix-and-correction; the sampling rule reproduces p_target (chi-square).
+- simsd_generate: drafter = target reproduces plain decoding with every draft accepted;
+  rejections leave no trace in the target's cache; ablations, input checks and statistics.
+
+Run: python -m pytest tests/test_speculate.py -q
+"""
+import copy
+import math
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+import mask
+import speculate
+from model import PRESETS, DecodeRule, Session, generate
+from speculate import Draft, accept, simsd_generate, verify
+
+MASK_ID = PRESETS["tiny"]["mask_token_id"]
+VOCAB = PRESETS["tiny"]["vocab_size"]
+NO_EOS = -1     # an eos_id that never occurs: fixed-length output
+
+
+def assert_logits_close(actual, expected):
+    """fp32 agreement to 1e-5 of the logits' scale (the peaky model's logits reach about 30)."""
+    scale = max(1.0, float(expected.abs().max()))
+    torch.testing.assert_close(actual, expected, atol=1e-5 * scale, rtol=0)
+
+
+def tokens(n, seed=0, vocab=VOCAB):
+    """n random ordinary token ids (above the special ids 0..3)."""
+    return torch.randint(4, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+# ============================================================================ verify
+
+def random_round(B, n_known, n_drafted, seed):
+    """A block with n_known known positions (tau = 0) and a hand-made draft of n_drafted of
+    its masked positions in a random order (tau = 1..n_drafted); the other masked positions
+    stay undrafted. -> (block, Draft, {position: tau})."""
+    rng = random.Random(seed)
+    order = rng.sample(range(B), B)
+    known, drafted = order[:n_known], order[n_known:n_known + n_drafted]
+    block = torch.full((B,), MASK_ID)
+    block[known] = torch.tensor(tokens(n_known, seed=seed + 1), dtype=torch.long)
+    d = Draft(pos=torch.tensor(drafted, dtype=torch.long),
+              tokens=torch.tensor(tokens(n_drafted, seed=seed + 2), dtype=torch.long),
+              p_draft=torch.full((n_drafted, VOCAB), 1.0 / VOCAB),
+              tau=torch.arange(1, n_drafted + 1))
+    tau = {p: 0 for p in known}
+    tau.update({p: k + 1 for k, p in enumerate(drafted)})
+    return block, d, tau
+
+
+@torch.no_grad()
+def target_session(model, B, n_prefix_blocks, pending, seed):
+    """A target session that has committed n_prefix_blocks random blocks and, if `pending`,
+    holds one more finished block waiting for the next forward (fused commit).
+    -> (session, the committed sequence as a list, position ids of the current block)."""
+    sess = Session(model, B, max_len=8 * B, fuse_commit=True)
+    seq = tokens(n_prefix_blocks * B, seed=seed + 3)
+    sess.prefill(torch.tensor(seq, dtype=torch.long))
+    if pending:
+        finished = tokens(B, seed=seed + 4)
+        sess.commit(torch.tensor(finished, dtype=torch.long))
+        seq = seq + finished
+    return sess, seq, torch.arange(len(seq), len(seq) + B)
+
+
+def plain_slot_logits(model, seq, block, d):
+    """What plain decoding computes for each slot, without SimSD's machinery: a cache-free,
+    block-causal forward of [committed sequence ; the block as it was just before the slot's
+    step] (known tokens and the drafts of earlier steps revealed, the rest masked), read at
+    the slot's position. Order: drafted slots in draft order, then undrafted positions."""
+    B, start = len(block), len(seq)
+    rows = []
+    for k in range(len(d.pos) + 1):
+        state = block.clone()
+        state[d.pos[:k]] = d.tokens[:k]                       # drafts with tau' < k + 1
+        with torch.no_grad():
+            logits = model(torch.tensor([seq + state.tolist()]))[0, start:start + B]
+        if k < len(d.pos):
+            rows.append(logits[d.pos[k]])
+        else:                                                 # undrafted: after every step
+            undrafted = [p for p in range(B) if state[p] == MASK_ID]
+            rows += [logits[p] for p in undrafted]
+    return torch.stack(rows)
+
+
+# (block size, committed prefix blocks, pending finished block, known, drafted); the drafted
+# count below the number of masks leaves undrafted positions (gamma < masks)
+VERIFY_CASES = [
+    (8, 0, False, 0, 8),
+    (8, 0, True, 1, 4),
+    (8, 1, False, 2, 6),
+    (8, 1, True, 0, 1),
+    (8, 2, False, 5, 3),
+    (8, 2, True, 3, 2),
+    (8, 1, False, 0, 3),
+    (4, 3, True, 1, 3),
+    (4, 0, False, 2, 1),
+]
+VERIFY_IDS = [f"B{c[0]}-prefix{c[1]}-{'pending' if c[2] else 'nopending'}-known{c[3]}-drafted{c[4]}"
+              for c in VERIFY_CASES]
+
+
+@pytest.mark.parametrize("B, n_prefix_blocks, pending, n_known, n_drafted", VERIFY_CASES,
+                         ids=VERIFY_IDS)
+def test_verify_slots_equal_plain_decoding_for_a_one_layer_target(
+        tiny_model, B, n_prefix_blocks, pending, n_known, n_drafted):
+    model = tiny_model(n_layer=1, block_size=B)
+    rule = DecodeRule(MASK_ID, B)
+    for seed in range(3):
+        block, d, _ = random_round(B, n_known, n_drafted, seed=100 * seed + n_drafted)
+        sess, seq, pos = target_session(model, B, n_prefix_blocks, pending, seed)
+        with torch.no_grad():
+            logits = verify(sess, block, pos, d, rule)
+        assert logits.shape == (B - n_known, VOCAB)
+        assert sess.committed == len(seq) and sess.pending is None   # the fused commit landed
+        assert_logits_close(logits, plain_slot_logits(model, seq, block, d))
+
+
+def section_visibility(tok, pos, start, tau, n_drafted):
+    """The SimSD rules of DESIGN 3, restated over the section verify built (identified by
+    token and position id, so independent of its layout): a data token at step t sees data
+    with t' <= t and slots with t' > t; a slot at step t sees data with t' < t and slots with
+    t' >= t. Known data have t = 0; undrafted slots come after every drafted step."""
+    S = len(tok)
+    is_slot = [t == MASK_ID for t in tok]
+    step = [tau.get(p - start, n_drafted + 1) if slot else tau[p - start]
+            for p, slot in zip(pos, is_slot)]
+    rows = []
+    for q in range(S):
+        row = []
+        for k in range(S):
+            if is_slot[q]:
+                row.append(step[k] >= step[q] if is_slot[k] else step[k] < step[q])
+            else:
+                row.append(step[k] > step[q] if is_slot[k] else step[k] <= step[q])
+        rows.append(row)
+    return torch.tensor(rows), is_slot
+
+
+def spy_forwards(sess):
+    """Record what each forward of `sess` is given (section tokens, positions, mask)."""
+    calls, real = [], sess.forward
+
+    def forward(tok, pos, mask_for, keep):
+        n_commit = 0 if sess.pending is None else len(sess.pending)
+        mod = mask_for(sess.committed, n_commit)
+        calls.append(dict(tokens=tok.tolist(), pos=pos.tolist(), committed=sess.committed,
+                          n_commit=n_commit, mask=mask.dense_mask(mod, n_commit + len(tok),
+                                                                  sess.committed + n_commit + len(tok))))
+        return real(tok, pos, mask_for, keep)
+    sess.forward = forward
+    return calls
+
+
+@pytest.mark.parametrize("B, n_prefix_blocks, pending, n_known, n_drafted",
+                         [VERIFY_CASES[i] for i in (1, 4, 5, 7)],
+                         ids=[VERIFY_IDS[i] for i in (1, 4, 5, 7)])
+def test_verify_mask_follows_the_temporal_rules_for_a_deeper_target(
+        tiny_model, B, n_prefix_blocks, pending, n_known, n_drafted):
+    """For two or more layers the slots are only approximate: a slot at step t also sees
+    slots of later steps, whose own hidden states were built from a context holding data
+    revealed after t. So here the mask verify uses is checked against the rules, the flex
+    path against the dense one, and the slots are shown to differ from plain decoding."""
+    model = tiny_model(n_layer=2, block_size=B)
+    rule = DecodeRule(MASK_ID, B)
+    block, d, tau = random_round(B, n_known, n_drafted, seed=7)
+    out = {}
+    for impl in ("sdpa", "flex"):
+        model.attn_impl = impl
+        sess, seq, pos = target_session(model, B, n_prefix_blocks, pending, seed=7)
+        calls = spy_forwards(sess)
+        with torch.no_grad():
+            out[impl] = verify(sess, block, pos, d, rule)
+    model.attn_impl = None
+    assert_logits_close(out["flex"], out["sdpa"])
+
+    (call,) = calls
+    start, shared = len(seq), call["committed"] + call["n_commit"]
+    assert call["n_commit"] == (B if pending else 0)
+    # the section: each known or drafted position once as data (holding its token), each
+    # masked position once as a slot carrying its data token's position (RoPE copy)
+    data = {p - start: t for t, p in zip(call["tokens"], call["pos"]) if t != MASK_ID}
+    slots = [p - start for t, p in zip(call["tokens"], call["pos"]) if t == MASK_ID]
+    drafted = dict(zip(d.pos.tolist(), d.tokens.tolist()))
+    assert data == {**{p: int(block[p]) for p in range(B) if block[p] != MASK_ID}, **drafted}
+    assert sorted(slots) == [p for p in range(B) if block[p] == MASK_ID]
+
+    expected, is_slot = section_visibility(call["tokens"], call["pos"], start, tau, n_drafted)
+    dense = call["mask"]
+    assert dense[:, :shared].all(), "every query sees the cache and the finished block"
+    assert not dense[:call["n_commit"], shared:].any(), "the finished block sees no section token"
+    section = dense[call["n_commit"]:, shared:]
+    bad = (section != expected).nonzero().tolist()
+    assert not bad, f"section mask differs from the rules at (query, key) {bad[:5]}"
+    assert sum(is_slot) == len(out["sdpa"])
+
+    # the approximation is real: some slot is off plain decoding by more than fp32 noise
+    ref = plain_slot_logits(model, seq, block, d)
+    assert (out["sdpa"] - ref).abs().max() > 1e-3 * ref.abs().max()
+
+
+def test_verify_without_rope_copy_changes_the_slot_logits(tiny_model):
+    B = 8
+    model = tiny_model(n_layer=1, block_size=B)
+    rule = DecodeRule(MASK_ID, B)
+    block, d, _ = random_round(B, 2, 4, seed=3)
+    sess, seq, pos = target_session(model, B, 1, pending=False, seed=3)
+    with torch.no_grad():
+        copied = verify(sess, block, pos, d, rule, rope_copy=True)
+        own = verify(sess, block, pos, d, rule, rope_copy=False)
+    assert_logits_close(copied, plain_slot_logits(model, seq, block, d))
+    assert (copied - own).abs().amax(-1).min() > 1e-3, "a slot ignored its RoPE position"
+
+
+# ============================================================================ accept
+
+def test_greedy_accept_takes_the_matching_prefix_then_the_targets_correction():
+    B, V = 4, 8
+    rule = DecodeRule(MASK_ID, B)
+    block = torch.tensor([MASK_ID, 5, MASK_ID, MASK_ID])
+    target_argmax = [6, 7, 4]                    # the target's argmax at the slots of 2, 0, 3
+    logits = torch.full((3, V), -5.0)
+    d = Draft(pos=torch.tensor([2, 0, 3]), tokens=torch.tensor([6, 7, 0]),
+              p_draft=torch.full((3, V), 1.0 / V), tau=torch.arange(1, 4))
+    for row, tok in enumerate(target_argmax):
+        logits[row, tok] = 5.0
+    new, n_accepted = accept(logits, block, d, rule)
+    assert n_accepted == 2                        # 6 and 7 match, then 0 != 4
+    assert new.tolist() == [7, 5, 6, 4]           # the third slot gets the target's argmax
+
+    # every draft accepted and a mask left: the bonus is the most confident undrafted slot
+    d2 = Draft(pos=torch.tensor([2]), tokens=torch.tensor([6]),
+               p_draft=torch.full((1, V), 1.0 / V), tau=torch.tensor([1]))
+    logits2 = torch.full((3, V), -5.0)            # slots: drafted 2, undrafted 0 and 3
+    logits2[0, 6], logits2[1, 4], logits2[2, 7] = 5.0, 2.0, 9.0
+    new, n_accepted = accept(logits2, block, d2, rule)
+    assert n_accepted == 1 and new.tolist() == [MASK_ID, 5, 6, 7]
+
+
+# six ordinary tokens 0..5, plus the mask id 6 (its probability is 0 under both)
+P_TARGET = torch.tensor([0.30, 0.25, 0.15, 0.12, 0.10, 0.08, 0.0])
+P_DRAFT = torch.tensor([0.10, 0.15, 0.35, 0.05, 0.20, 0.15, 0.0])
+# chi-square critical value for 6 categories (5 degrees of freedom) at alpha = 0.001:
+# P(chi2_5 > 20.515) = 0.001 (standard tables; scipy.stats.chi2.ppf(0.999, 5) = 20.5150)
+CHI2_5DOF_ALPHA_0001 = 20.515
+
+
+def chi_square(samples, p):
+    n, k = len(samples), int((p > 0).sum())
+    observed = torch.bincount(samples, minlength=len(p))[:k].double()
+    expected = n * p[:k].double()
+    return float(((observed - expected) ** 2 / expected).sum())
+
+
+def test_sampling_acceptance_reproduces_p_target():
+    """Speculative sampling: accept d ~ p_draft with probability min(1, p_target(d) /
+    p_draft(d)), else draw from norm(max(0, p_target - p_draft)); the result is distributed
+    as p_target. 50k one-draft rounds through `accept` at a fixed seed, chi-square tested."""
+    rule = DecodeRule(mask_id=6, block_size=1, temperature=1.0)
+    logits = P_TARGET.log()[None]                 # rule.probs(logits) == P_TARGET
+    torch.testing.assert_close(rule.probs(logits.clone())[0], P_TARGET)
+    g = torch.Generator().manual_seed(0)
+    n = 50_000
+    drafts = torch.multinomial(P_DRAFT, n, replacement=True, generator=g)
+    block, pos, tau = torch.tensor([6]), torch.tensor([0]), torch.tensor([1])
+    drawn, n_accepted = torch.empty(n, dtype=torch.long), 0
+    for k in range(n):
+        new, a = accept(logits, block, Draft(pos, drafts[k:k + 1], P_DRAFT[None], tau), rule, g)
+        drawn[k], n_accepted = new[0], n_accepted + a
+    assert chi_square(drawn, P_TARGET) < CHI2_5DOF_ALPHA_0001
+    # the test has power: the draft tokens themselves are far from p_target
+    assert chi_square(drafts, P_TARGET) > CHI2_5DOF_ALPHA_0001
+    # acceptance rate = sum min(p_target, p_draft) = 0.65
+    assert abs(n_accepted / n - float(torch.minimum(P_TARGET, P_DRAFT).sum())) < 0.01
+
+
+# ============================================================================ simsd_generate
+
+def drafted_per_round(B, tail, max_new, gamma):
+    """Drafts per round when every draft is accepted: min(gamma, masks) each round, and a
+    bonus token from the undrafted slots whenever masks remain."""
+    rounds, masks = [], B - tail
+    n_blocks = math.ceil((tail + max_new) / B)
+    for b in range(n_blocks):
+        m = masks if b == 0 else B
+        while m:
+            n = min(gamma, m)
+            rounds.append(n)
+            m -= n + (n < m)
+    return rounds
+
+
+@pytest.mark.parametrize("B, gamma", [(4, 4), (4, 2), (8, 8), (8, 3)])
+def test_drafter_equal_to_a_one_layer_target_accepts_everything_and_decodes_plainly(
+        tiny_model, B, gamma):
+    target = tiny_model(n_layer=1, block_size=B)
+    drafter = copy.deepcopy(target)
+    rule = DecodeRule(MASK_ID, B)
+    for prompt_len in (3, 2 * B, 2 * B + 3):
+        prompt, max_new = tokens(prompt_len, seed=prompt_len), 3 * B
+        plain, _ = generate(target, prompt, max_new, rule, eos_id=NO_EOS)
+        out, stats = simsd_generate(target, drafter, prompt, max_new, rule, gamma=gamma,
+                                    eos_id=NO_EOS)
+        assert out == plain and len(set(out)) > 2
+        rounds = drafted_per_round(B, prompt_len % B, max_new, gamma)
+        assert stats["accept_hist"] == dict(sorted(Counter(rounds).items()))
+        assert stats["rounds"] == len(rounds)
+        assert stats["mean_accepted"] == pytest.approx(sum(rounds) / len(rounds))
+
+
+def test_a_target_drafting_for_itself_decodes_plainly(tiny_model):
+    """The same model object as target and drafter (both sessions share its cache)."""
+    B = 4
+    model = tiny_model(n_layer=1, block_size=B)
+    prompt = tokens(10, seed=1)
+    plain, _ = generate(model, prompt, 12, eos_id=NO_EOS)
+    out, stats = simsd_generate(model, model, prompt, 12, gamma=3, eos_id=NO_EOS)
+    rounds = drafted_per_round(B, len(prompt) % B, 12, 3)
+    assert out == plain and stats["accept_hist"] == dict(sorted(Counter(rounds).items()))
+
+
+def run_recorded(monkeypatch, target, drafter, prompt, max_new, **kwargs):
+    """simsd_generate with every round recorded: the verify inputs and logits, the
+    committed length of the target session, the drafts and the number accepted."""
+    rounds = []
+
+    def spy_verify(sess, block, pos, d, rule, rope_copy=True):
+        logits = verify(sess, block, pos, d, rule, rope_copy)
+        rounds.append(dict(block=block.clone(), pos=pos.clone(), d=d, logits=logits,
+                           committed=sess.committed))
+        return logits
+
+    def spy_accept(logits, block, d, rule, generator=None):
+        new, n = accept(logits, block, d, rule, generator)
+        rounds[-1].update(accepted=n, drafted=len(d.pos))
+        return new, n
+    monkeypatch.setattr(speculate, "verify", spy_verify)
+    monkeypatch.setattr(speculate, "accept", spy_accept)
+    out, stats = simsd_generate(target, drafter, prompt, max_new, **kwargs)
+    monkeypatch.undo()
+    return out, stats, rounds
+
+
+@pytest.mark.parametrize("fuse_commit", [True, False])
+def test_rejected_drafts_leave_no_trace_in_the_target_cache(tiny_model, monkeypatch, fuse_commit):
+    """After a round with a rejection, the next verify forward gives the logits of a fresh
+    session that only saw the committed sequence (prompt + finished blocks)."""
+    B = 4
+    target = tiny_model(n_layer=2, block_size=B, seed=0)
+    drafter = tiny_model(n_layer=1, block_size=B, seed=5)
+    prompt = tokens(10, seed=2)
+    out, stats, rounds = run_recorded(monkeypatch, target, drafter, prompt, 16,
+                                      gamma=3, fuse_commit=fuse_commit, eos_id=NO_EOS)
+    seq, checked = prompt + out, 0
+    for prev, cur in zip(rounds, rounds[1:]):
+        if prev["accepted"] == prev["drafted"]:
+            continue
+        checked += 1
+        start = int(cur["pos"][0])
+        with torch.no_grad():
+            fresh = Session(target, B, max_len=len(seq) + 4 * B)
+            fresh.prefill(torch.tensor(seq[:start], dtype=torch.long))
+            logits = verify(fresh, cur["block"], cur["pos"], cur["d"], DecodeRule(MASK_ID, B))
+        assert_logits_close(cur["logits"], logits)
+    assert checked >= 3, "too few rejections: the test would pass vacuously"
+
+
+def test_ablations_run_and_return_the_requested_length(tiny_model):
+    B = 4
+    target = tiny_model(n_layer=2, block_size=B, seed=0)
+    drafter = tiny_model(n_layer=1, block_size=B, seed=5)
+    prompt = tokens(6, seed=4)
+    for kwargs in (dict(rope_copy=False), dict(order="position"),
+                   dict(order="position", rope_copy=False, gamma=2)):
+        out, stats = simsd_generate(target, drafter, prompt, 13, eos_id=NO_EOS, **kwargs)
+        assert len(out) == 13 and stats["tokens"] == 13 and MASK_ID not in out
+
+
+def test_position_order_verifies_left_to_right(tiny_model, monkeypatch):
+    """order="position": the step map follows the positions, whatever the drafter's order."""
+    B = 8
+    target = tiny_model(n_layer=1, block_size=B, seed=0)
+    drafter = tiny_model(n_layer=1, block_size=B, seed=5)
+    _, _, rounds = run_recorded(monkeypatch, target, drafter, tokens(3, seed=6), 10,
+                                order="position", eos_id=NO_EOS)
+    assert all(torch.equal(r["d"].pos, r["d"].pos.sort().values) for r in rounds)
+    _, _, rounds = run_recorded(monkeypatch, target, drafter, tokens(3, seed=6), 10,
+                                eos_id=NO_EOS)
+    assert any(not torch.equal(r["d"].pos, r["d"].pos.sort().values) for r in rounds)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(gamma=-1), "gamma must be >= 1"),
+    pytest.param(dict(gamma=0), "gamma must be >= 1", marks=pytest.mark.xfail(
+        strict=True, reason="speculate.simsd_generate: `gamma or rule.block_size` turns "
+                            "gamma=0 into the default B before the check")),
+    (dict(order="random"), "order must be 'tau' or 'position'"),
+], ids=["gamma=-1", "gamma=0", "order"])
+def test_bad_settings_raise(tiny_model, kwargs, message):
+    model = tiny_model(n_layer=1)
+    with pytest.raises(ValueError, match=message):
+        simsd_generate(model, copy.deepcopy(model), tokens(5), 8, **kwargs)
+
+
+@pytest.mark.parametrize("overrides", [dict(vocab=101), dict(mask_token_id=4)],
+                         ids=["vocab", "mask_id"])
+def test_drafter_with_another_vocabulary_raises(tiny_model, overrides):
+    with pytest.raises(ValueError, match="vocabulary size or mask token id"):
+        simsd_generate(tiny_model(n_layer=1), tiny_model(n_layer=1, **overrides), tokens(5), 8)
+
+
+@pytest.mark.parametrize("fuse_commit", [True, False])
+@pytest.mark.parametrize("prompt_len", [3, 9])
+def test_stats_count_every_forward(tiny_model, monkeypatch, fuse_commit, prompt_len):
+    B = 4
+    target = tiny_model(n_layer=2, block_size=B, seed=0)
+    drafter = tiny_model(n_layer=1, block_size=B, seed=5)
+    counts = Counter()
+    hooks = [m.register_forward_hook(lambda mod, args, out, name=name: counts.update([name]))
+             for name, m in (("target", target), ("drafter", drafter))]
+    max_new = 14
+    out, stats, rounds = run_recorded(monkeypatch, target, drafter, tokens(prompt_len, seed=8),
+                                      max_new, gamma=3, fuse_commit=fuse_commit, eos_id=NO_EOS)
+    for h in hooks:
+        h.remove()
+    assert stats["nfe"] == counts["target"] and stats["nfe_draft"] == counts["drafter"]
+    assert stats["tokens"] == len(out) == max_new
+    n_blocks = math.ceil((prompt_len % B + max_new) / B)
+    commits = 0 if fuse_commit else n_blocks          # SDAR's separate commit forwards
+    prefill = int(prompt_len >= B)
+    assert stats["rounds"] == len(rounds) == sum(stats["accept_hist"].values())
+    assert stats["nfe"] == prefill + len(rounds) + commits
+    assert stats["nfe_draft"] == prefill + sum(r["drafted"] for r in rounds) + commits
+    assert stats["accept_hist"] == dict(sorted(Counter(r["accepted"] for r in rounds).items()))
+    assert any(r["accepted"] < r["drafted"] for r in rounds)

@@ -120,7 +120,7 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, gamma=
     Returns (new token ids, stats)."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
-    B, gamma = rule.block_size, gamma or rule.block_size
+    B, gamma = rule.block_size, rule.block_size if gamma is None else gamma
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
     if order not in ("tau", "position"):

@@ -84,7 +84,8 @@ def build_drafts(logits, state, graph, budget, rule):
     geometric mean of their token probabilities and their children's scores (bottom-up).
     -> list of block states, one per kept node."""
     pos, tok_order, p_sorted = ranks(logits, state, rule)
-    nodes = [n for n in graph["nodes"] if all(i < len(pos) for i, _ in n)]
+    nodes = [n for n in map(lambda n: tuple(map(tuple, n)), graph["nodes"])
+             if all(i < len(pos) and j < p_sorted.shape[1] for i, j in n)]
     single = one_per_step(rule)
     score = {}
     for n in sorted(nodes, key=len, reverse=True):             # children before parents
@@ -108,8 +109,11 @@ def load_graph(path, rule):
         raise FileNotFoundError(f"draft graph {path} not found (run `python spiffy.py --calibrate`)")
     try:
         g = json.loads(path.read_text())
-        if not all(len(p) == 2 and min(p) >= 0 for n in g["nodes"] for p in n):
-            raise ValueError("a node is not a list of [position rank, token rank] pairs")
+        g["nodes"] = [tuple(tuple(p) for p in n) for n in g["nodes"]]
+        for n in g["nodes"]:
+            ranks_ok = all(type(x) is int and x >= 0 for p in n for x in p)
+            if not n or not ranks_ok or any(len(p) != 2 for p in n) or len({i for i, _ in n}) < len(n):
+                raise ValueError(f"node {list(n)} is not a set of [position rank, token rank] pairs")
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"malformed draft graph {path}: {e}") from None
     want = graph_rule(rule)
@@ -144,8 +148,6 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
     if draft_budget < 1:
         raise ValueError(f"draft budget D* must be >= 1, got {draft_budget}")
     ids = check_prompt(prompt, c, max_new_tokens, model.embed.weight.device)
-    if graph:
-        graph = dict(graph, nodes=[tuple(map(tuple, n)) for n in graph["nodes"]])
     B, t0 = rule.block_size, time.perf_counter()
     sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 3) * B, fuse_commit)
     advanced, verified, t_model = Counter(), Counter(), 0.0
@@ -204,7 +206,7 @@ def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
     for p in prompts:
         spiffy_generate(model, p, max_new_tokens, rule, graph=None, record=record)
     nodes = connected_top(list(counts), counts, budget, one_per_step(rule))
-    return dict(graph_rule(rule), nodes=[list(map(list, n)) for n in nodes],
+    return dict(graph_rule(rule), nodes=nodes,
                 counts=[counts[n] for n in nodes])
 
 

@@ -155,10 +155,10 @@ def spy_forwards(sess):
 
     def forward(tok, pos, mask_for, keep):
         n_commit = 0 if sess.pending is None else len(sess.pending)
-        mod = mask_for(sess.committed, n_commit)
+        q_len = n_commit + len(tok)
+        dense = mask.dense_mask(mask_for(sess.committed, n_commit), q_len, sess.committed + q_len)
         calls.append(dict(tokens=tok.tolist(), pos=pos.tolist(), committed=sess.committed,
-                          n_commit=n_commit, mask=mask.dense_mask(mod, n_commit + len(tok),
-                                                                  sess.committed + n_commit + len(tok))))
+                          n_commit=n_commit, mask=dense))
         return real(tok, pos, mask_for, keep)
     sess.forward = forward
     return calls
@@ -403,9 +403,7 @@ def test_position_order_verifies_left_to_right(tiny_model, monkeypatch):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(gamma=-1), "gamma must be >= 1"),
-    pytest.param(dict(gamma=0), "gamma must be >= 1", marks=pytest.mark.xfail(
-        strict=True, reason="speculate.simsd_generate: `gamma or rule.block_size` turns "
-                            "gamma=0 into the default B before the check")),
+    (dict(gamma=0), "gamma must be >= 1"),
     (dict(order="random"), "order must be 'tau' or 'position'"),
 ], ids=["gamma=-1", "gamma=0", "order"])
 def test_bad_settings_raise(tiny_model, kwargs, message):

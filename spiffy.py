@@ -43,14 +43,12 @@ def ranks(logits, state, rule):
     return masked[by_conf], tok_order[by_conf], p_sorted[by_conf]
 
 
-def reveal_pairs(logits, state, later, rule):
-    """The (position rank, token rank) pairs that turn `state` into `later`."""
-    pos, tok_order, _ = ranks(logits, state, rule)
-    pairs = []
-    for i, p in enumerate(pos.tolist()):
-        if later[p] != rule.mask_id:
-            pairs.append((i, int((tok_order[i] == later[p]).nonzero()[0])))
-    return tuple(sorted(pairs))
+def reveal_pairs(ranked, later, mask_id):
+    """The (position rank, token rank) pairs that turn a state into `later`, given that
+    state's ranks (from `ranks`)."""
+    pos, tok_order, _ = ranked
+    return tuple((i, int((tok_order[i] == later[p]).nonzero()[0]))
+                 for i, p in enumerate(pos.tolist()) if later[p] != mask_id)
 
 
 def reachable(node, chosen, one_per_step):
@@ -199,9 +197,9 @@ def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
     def record(states, logits):
         # drafts for state t are built from logits[t - 1] (the previous state's forward)
         for t in range(1, len(states) - 1):
-            for d in range(1, max_depth + 1):
-                if t + d < len(states):
-                    counts[reveal_pairs(logits[t - 1], states[t], states[t + d], rule)] += 1
+            ranked = ranks(logits[t - 1], states[t], rule)
+            for d in range(1, min(max_depth, len(states) - 1 - t) + 1):
+                counts[reveal_pairs(ranked, states[t + d], rule.mask_id)] += 1
 
     for p in prompts:
         spiffy_generate(model, p, max_new_tokens, rule, graph=None, record=record)

@@ -14,6 +14,7 @@ bf16 autocast; on CUDA it is compiled FlexAttention.
     python prepare.py                      # builds data/ (corpus + tokenizer), once
     python train.py --preset target        # -> models/target (config.json, weights, tokenizer)
     python train.py --preset drafter       # -> models/drafter
+    python train.py --report                   # held-out loss, accuracy, drafter agreement
     python train.py --preset target --resume   # continue from out/target/ckpt.pt
                                                # (training checkpoints live in out/<preset>)
 """
@@ -112,6 +113,44 @@ def autocast(model):
     return torch.autocast(dev, dtype=torch.bfloat16, enabled=dev in ("cpu", "cuda"))
 
 
+@torch.no_grad()
+def agreement(target, drafter, path, block_size, seq_len=256, n=16, seed=0):
+    """Greedy agreement of drafter and target on the first denoising step of each block (the
+    whole block masked, clean blocks before it): per token, and whole blocks."""
+    x0 = Batches(path, seq_len, seed)(n)
+    xt = torch.full_like(x0, target.config.mask_token_id)
+    mask = masks.dense_mask(masks.bd3lm_training(block_size, seq_len), 2 * seq_len, 2 * seq_len)
+    pos = torch.arange(seq_len).repeat(2)
+    guess = [m(torch.cat([xt, x0], 1), pos, mask=mask)[:, :seq_len].argmax(-1) for m in (target, drafter)]
+    same = (guess[0] == guess[1]).view(n, -1, block_size)
+    return same.float().mean().item(), same.all(-1).float().mean().item()
+
+
+def report(target_dir="models/target", drafter_dir="models/drafter", data_dir="data", n_problems=200):
+    """The quality figures in the README: held-out masked-token loss, greedy accuracy of plain
+    decoding on held-out problems, and drafter/target agreement, at B = 4, 8 and 32."""
+    from model import DecodeRule, generate
+    from prepare import extract_answer, problems
+    from tokenizer import load_tokenizer
+    tok = load_tokenizer(target_dir)
+    models = {n: Transformer.from_pretrained(d, dtype=torch.float32) for n, d in
+              (("target", target_dir), ("drafter", drafter_dir))}
+    val = {s: Path(data_dir) / f"{s}.bin" for s in ("val_text", "val_arith")}
+    tasks = [(tok.encode(f"Question: {p['question']}\nAnswer:"), p["result"])
+             for p in problems(n_problems, "test")]
+    for name, m in models.items():
+        print(name, " ".join(f"{k}={v:.3f}" for k, v in evaluate(m, val, 256, 16, 8).items()))
+        for B in BLOCK_SIZES:
+            rule = DecodeRule(m.config.mask_token_id, B)
+            ok = sum(extract_answer(tok.decode(generate(m, ids, 64, rule, eos_id=tok.eos_id)[0])) == a
+                     for ids, a in tqdm(tasks, desc=f"{name} B={B}", leave=False))
+            print(f"{name} greedy accuracy B={B}: {ok}/{len(tasks)} = {ok / len(tasks):.1%}")
+    for B in BLOCK_SIZES:
+        for split, path in val.items():
+            tok_agree, block_agree = agreement(models["target"], models["drafter"], path, B)
+            print(f"agreement B={B} {split}: per token {tok_agree:.3f}, whole block {block_agree:.3f}")
+
+
 def lr_at(it, iters, lr, warmup):
     """Linear warm-up, then cosine decay to 10%."""
     if it < warmup:
@@ -199,7 +238,15 @@ if __name__ == "__main__":
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--report", action="store_true",
+                    help="print the quality figures of models/target and models/drafter, no training")
     a = ap.parse_args()
-    main(preset=a.preset, data_dir=a.data_dir, out_dir=a.out_dir, iters=a.iters,
-         batch_size=a.batch_size, seq_len=a.seq_len, lr=a.lr, eval_every=a.eval_every,
-         seed=a.seed, resume=a.resume, device=a.device, threads=a.threads)
+    try:
+        if a.report:
+            report(data_dir=a.data_dir)
+            raise SystemExit(0)
+        main(preset=a.preset, data_dir=a.data_dir, out_dir=a.out_dir, iters=a.iters,
+             batch_size=a.batch_size, seq_len=a.seq_len, lr=a.lr, eval_every=a.eval_every,
+             seed=a.seed, resume=a.resume, device=a.device, threads=a.threads)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")

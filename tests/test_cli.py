@@ -1,0 +1,196 @@
+"""The command-line tools on the shipped models: sample.py, bench.py, train.py and calibration.
+
+These use the embedded checkpoints in models/ (the ones the README's numbers come from)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import torch
+
+import bench
+import sample
+import train
+from model import Transformer, generate
+from prepare import extract_answer, problems
+from sample import DEFAULT_DRAFTER, DEFAULT_TARGET
+from speculate import simsd_generate
+from tokenizer import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = Path(__file__).parent / "fixtures" / "embedded_greedy.json"
+
+
+def last_json(text):
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("spec", ["none", "simsd", "spiffy"])
+def test_sample_json_line_has_the_documented_fields(spec, capsys):
+    out, stats = sample.main(spec=spec, max_new_tokens=24, as_json=True)
+    rec = last_json(capsys.readouterr().out)
+    assert {"text", "token_ids", "nfe_target", "nfe_draft", "tokens_per_s"} <= set(rec)
+    assert rec["token_ids"] == out and rec["nfe_target"] == stats["nfe"]
+    assert (rec["nfe_draft"] > 0) == (spec == "simsd")
+
+
+def test_sample_streams_the_text_it_returns(capsys):
+    out, _ = sample.main(spec="none", max_new_tokens=24)
+    printed = capsys.readouterr().out
+    tok = load_tokenizer(DEFAULT_TARGET)
+    assert sample.DEFAULT_PROMPT + tok.decode(out) in printed
+
+
+def test_shipped_models_reproduce_the_recorded_greedy_output():
+    """Guards the checkpoints and the whole decode path against silent changes."""
+    fixture = json.loads(FIXTURE.read_text())
+    for name, path in (("target", DEFAULT_TARGET), ("drafter", DEFAULT_DRAFTER)):
+        model, tok = sample.load(path)
+        rule = sample.make_rule(model, 4)
+        out, _ = generate(model, tok.encode(fixture["prompt"]), 48, rule, eos_id=tok.eos_id)
+        assert out == fixture[name], name
+
+
+def test_simsd_on_the_embedded_models_commits_many_tokens_per_target_forward():
+    """Issue target: >= 2.5 tokens per target forward at B=4 (commits included), and
+    accuracy close to plain decoding (the 200-problem figure is bench.py's)."""
+    target, tok = sample.load(DEFAULT_TARGET)
+    drafter, _ = sample.load(DEFAULT_DRAFTER)
+    rule = sample.make_rule(target, 4)
+    tokens = nfe = plain_ok = simsd_ok = 0
+    for p in problems(30, "test"):
+        ids = tok.encode(f"Question: {p['question']}\nAnswer:")
+        a, _ = generate(target, ids, 64, rule, eos_id=tok.eos_id)
+        b, st = simsd_generate(target, drafter, ids, 64, rule, eos_id=tok.eos_id)
+        tokens, nfe = tokens + st["tokens"], nfe + st["nfe"]
+        plain_ok += extract_answer(tok.decode(a)) == p["result"]
+        simsd_ok += extract_answer(tok.decode(b)) == p["result"]
+    assert tokens / nfe >= 2.5
+    assert abs(plain_ok - simsd_ok) <= 3  # of 30
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "/nonexistent"], "checkpoint directory /nonexistent does not exist"),
+    (["--block-size", "16"], "trained for block size(s) [4, 8, 32], not 16"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--top-p", "2"], "top_p must be in (0, 1]"),
+    (["--spec", "spiffy", "--draft-budget", "0"], "draft budget D* must be >= 1"),
+    (["--spec", "spiffy", "--graph", "/nonexistent.json"], "draft graph /nonexistent.json not found"),
+    (["--prompt", ""], "empty prompt"),
+    (["--max-new-tokens", "5000"], "exceeds the context"),
+])
+def test_sample_bad_input_is_one_clear_line(args, message):
+    r = run_cli("sample.py", *args)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+
+
+def test_sample_unknown_spec_is_refused():
+    r = run_cli("sample.py", "--spec", "medusa")
+    assert r.returncode != 0 and "invalid choice: 'medusa'" in r.stderr
+
+
+def test_drafter_with_another_tokenizer_is_refused(tmp_path):
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (drafter / f).write_bytes((DEFAULT_DRAFTER / f).read_bytes())
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 50)
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(drafter / "tokenizer"),
+                                   vocab_size=60, pad_id=0, unk_id=1, bos_id=-1, eos_id=2,
+                                   user_defined_symbols=["<|mask|>"], minloglevel=2)
+    with pytest.raises(ValueError, match="drafter.*target|target.*drafter"):
+        sample.main(spec="simsd", drafter=str(drafter), max_new_tokens=8)
+
+
+def test_bench_quick_reports_every_method(capsys):
+    status = bench.main(**bench.parse_args(["--quick"]))
+    rec = last_json(capsys.readouterr().out)
+    assert status == 0 and rec["lossless_ok"]
+    assert [r["method"] for r in rec["results"]] == list(bench.METHODS)
+    fields = {"tokens_per_s", "target_fwd_per_token", "draft_fwd_per_token", "tokens_per_target_fwd",
+              "mean_per_round", "hist", "wall_s", "warmup_s", "accuracy", "speedup_vs_sdar",
+              "speedup_vs_plain", "nfe_reduction_vs_sdar", "fraction_of_limit"}
+    for r in rec["results"]:
+        assert fields <= set(r), r["method"]
+    by = {r["method"]: r for r in rec["results"]}
+    assert by["simsd"]["draft_fwd_per_token"] > 0 and by["plain"]["draft_fwd_per_token"] == 0
+    assert by["spiffy"]["accuracy"] == by["plain"]["accuracy"]
+
+
+def test_bench_exits_nonzero_when_a_lossless_method_differs(monkeypatch, capsys):
+    real = bench.spiffy_generate
+
+    def broken(*args, **kw):
+        out, stats = real(*args, **kw)
+        return out[:-1] + [out[-1] + 1], stats
+    monkeypatch.setattr(bench, "spiffy_generate", broken)
+    status = bench.main(**bench.parse_args(["--quick", "--methods", "plain,spiffy"]))
+    assert status == 1 and not last_json(capsys.readouterr().out)["lossless_ok"]
+
+
+def test_bench_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="unknown method"):
+        bench.main(methods=("plain", "medusa"))
+    with pytest.raises(FileNotFoundError, match="--data file"):
+        bench.main(methods=("plain",), data=str(tmp_path / "missing.jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1?", "answer": "#### 2"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+        bench.main(methods=("plain",), data=str(bad))
+    with pytest.raises(ValueError, match="block-size"):
+        bench.parse_args(["--block-size", "4,x"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no GPU"):
+            bench.main(device="cuda")
+
+
+def tiny_corpus(tmp_path):
+    """A small data dir in prepare.py's layout, tokenised with the shipped tokenizer."""
+    sp = spm.SentencePieceProcessor(model_file=str(DEFAULT_TARGET / "tokenizer.model"))
+    data = tmp_path / "data"
+    data.mkdir()
+    splits = {"train": problems(400, "train"), "val_text": problems(40, "test"),
+              "val_arith": problems(40, "test")[::-1]}
+    for split, ps in splits.items():
+        ids = [i for p in ps for i in sp.encode(f"Question: {p['question']}\nAnswer: {p['answer']}") + [2]]
+        np.array(ids, dtype=np.uint16).tofile(data / f"{split}.bin")
+    (data / "meta.json").write_text(json.dumps(dict(vocab_size=sp.get_piece_size(), eos_id=2, mask_id=3)))
+    (data / "tokenizer.model").write_bytes((DEFAULT_TARGET / "tokenizer.model").read_bytes())
+    return data
+
+
+def test_short_training_run_lowers_held_out_loss_and_saves_a_loadable_model(tmp_path):
+    data = tiny_corpus(tmp_path)
+    kw = dict(preset="tiny", data_dir=data, out_dir=tmp_path / "m", iters=60, batch_size=8,
+              seq_len=64, eval_every=30, eval_batches=2, ckpt_dir=tmp_path / "ck")
+    train.main(**kw)
+    log = json.loads((tmp_path / "m" / "train_log.json").read_text())
+    for key in ("val_arith/B4", "val_arith/B32"):
+        assert log[-1][key] < log[0][key] - 0.5, key
+    model = Transformer.from_pretrained(tmp_path / "m")
+    assert model.config.block_sizes == train.BLOCK_SIZES
+    with pytest.raises(SystemExit, match="another model config"):
+        train.main(**dict(kw, preset="drafter", ckpt_dir=tmp_path / "ck", resume=True, iters=61))
+
+
+def test_train_bad_input(tmp_path):
+    with pytest.raises(SystemExit, match="unknown preset"):
+        train.main(preset="huge")
+    with pytest.raises(SystemExit, match="prepare.py"):
+        train.main(preset="tiny", data_dir=tmp_path)
+    data = tiny_corpus(tmp_path)
+    (data / "train.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="missing or empty"):
+        train.main(preset="tiny", data_dir=data, out_dir=tmp_path / "m", ckpt_dir=tmp_path / "ck")
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        train.main(preset="tiny", data_dir=data, resume=True, ckpt_dir=tmp_path / "none")

@@ -98,8 +98,7 @@ class RMSNorm(nn.Module):
         self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
 
     def forward(self, x):  # normalise in fp32, as Qwen3 does
-        x32 = x.float()
-        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 def rope(x, cos, sin):
@@ -450,9 +449,10 @@ def decode(fill_block, sessions, ids, block_size, max_new_tokens, mask_id, eos_i
             s.commit(block)
         new = block[len(tail):].tolist()  # host sync, once a block
         tail, start, stop = tail[:0], start + B, eos_id in new
-        out += new[:new.index(eos_id)] if stop else new
+        new = new[:new.index(eos_id)] if stop else new
+        out += new
         if on_block:
-            on_block(out[len(out) - len(new):] if not stop else new[:new.index(eos_id)])
+            on_block(new)
         if stop:
             break
     return out[:max_new_tokens]

@@ -169,7 +169,7 @@ def main(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, block_sizes=(4,), metho
     plan = []
     for B in block_sizes:
         for m in methods:
-            gammas = [1, 2, B // 2, B] if (m == "simsd" and sweep == "gamma") else [None]
+            gammas = sorted({1, 2, B // 2, B}) if (m == "simsd" and sweep == "gamma") else [None]
             plan += [(m, B, dict(gamma=g), m if g is None else f"simsd(gamma={g})") for g in gammas]
         if "simsd" in methods:
             if "rope-copy" in ablate:

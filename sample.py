@@ -23,8 +23,8 @@ from tokenizer import check_same_tokenizer, load_tokenizer
 
 ROOT = Path(__file__).parent
 DEFAULT_TARGET, DEFAULT_DRAFTER = ROOT / "models/target", ROOT / "models/drafter"
-DEFAULT_PROMPT = ("Question: Mia has 7 apples and buys 5 more. Then she eats 3. "
-                  "How many apples does she have now?\nAnswer:")
+DEFAULT_PROMPT = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. "
+                  "How much does Max have now?\nAnswer:")
 SPECS = ("none", "simsd", "spiffy")
 
 
@@ -104,9 +104,9 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=DEF
         summary += f", steps per forward {stats['steps_per_forward']}"
     print(summary)
     if as_json:
-        print(json.dumps(dict(text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
-                              nfe_draft=nfe_draft, tokens_per_s=stats["tokens"] / stats["seconds"],
-                              **{k: v for k, v in stats.items() if k not in ("nfe", "nfe_draft")})))
+        rest = {k: v for k, v in stats.items() if k not in ("nfe", "nfe_draft")}
+        print(json.dumps(dict(rest, text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
+                              nfe_draft=nfe_draft, tokens_per_s=stats["tokens"] / stats["seconds"])))
     return out, stats
 
 

@@ -107,7 +107,7 @@ def test_drafter_with_another_tokenizer_is_refused(tmp_path):
     text = tmp_path / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog\n" * 50)
     spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(drafter / "tokenizer"),
-                                   vocab_size=60, pad_id=0, unk_id=1, bos_id=-1, eos_id=2,
+                                   vocab_size=40, hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=-1, eos_id=2,
                                    user_defined_symbols=["<|mask|>"], minloglevel=2)
     with pytest.raises(ValueError, match="drafter.*target|target.*drafter"):
         sample.main(spec="simsd", drafter=str(drafter), max_new_tokens=8)

@@ -20,7 +20,7 @@ import json
 import math
 import re
 import time
-from dataclasses import dataclass, asdict, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch

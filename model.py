@@ -238,18 +238,15 @@ class Transformer(nn.Module):
     }
 
     @staticmethod
-    def local_name(hf_name):
-        m = re.match(r"model\.layers\.(\d+)\.(.*)", hf_name)
-        template = f"model.layers.{{i}}.{m.group(2)}" if m else hf_name
-        if template not in Transformer.HF_NAMES:
-            raise ValueError(f"unexpected weight in checkpoint: {hf_name}")
-        return Transformer.HF_NAMES[template].replace("{i}", m.group(1) if m else "")
-
-    @staticmethod
-    def hf_name(name):
-        m = re.match(r"layers\.(\d+)\.(.*)", name)
-        ours = {v: k for k, v in Transformer.HF_NAMES.items()}
-        return ours[f"layers.{{i}}.{m.group(2)}"].replace("{i}", m.group(1)) if m else ours[name]
+    def rename(name, to_local=True):
+        """HF weight name -> ours (or back), through HF_NAMES with the layer index as {i}."""
+        table = Transformer.HF_NAMES if to_local else {v: k for k, v in Transformer.HF_NAMES.items()}
+        prefix = "model.layers." if to_local else "layers."
+        m = re.match(re.escape(prefix) + r"(\d+)\.(.*)", name)
+        key = f"{prefix}{{i}}.{m.group(2)}" if m else name
+        if key not in table:
+            raise ValueError(f"unexpected weight in checkpoint: {name}")
+        return table[key].replace("{i}", m.group(1) if m else "")
 
     @classmethod
     def from_pretrained(cls, path, device=None, dtype=None):
@@ -274,7 +271,7 @@ class Transformer(nn.Module):
         for shard in shards:
             with safe_open(path / shard, framework="pt", device=str(device or "cpu")) as f:
                 for hf_name in f.keys():
-                    name = cls.local_name(hf_name)
+                    name = cls.rename(hf_name)
                     if name not in expected:
                         raise ValueError(f"unexpected weight in checkpoint: {hf_name} (the "
                                          f"config has {config.n_layer} layers)")
@@ -288,7 +285,7 @@ class Transformer(nn.Module):
                     loaded.add(name)
         missing = set(expected) - loaded - ({"lm_head.weight"} if config.tie_embeddings else set())
         if missing:
-            names = ", ".join(sorted(cls.hf_name(n) for n in missing))
+            names = ", ".join(sorted(cls.rename(n, to_local=False) for n in missing))
             raise ValueError(f"checkpoint {path} lacks weight(s): {names}")
         if config.tie_embeddings:
             model.lm_head.weight = model.embed.weight
@@ -299,7 +296,7 @@ class Transformer(nn.Module):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         (path / "config.json").write_text(json.dumps(self.config.to_hf(), indent=2) + "\n")
-        state = {self.hf_name(name): t.detach().to(dtype).contiguous().cpu()
+        state = {self.rename(name, to_local=False): t.detach().to(dtype).contiguous().cpu()
                  for name, t in self.state_dict().items()
                  if not (name == "lm_head.weight" and self.config.tie_embeddings)}
         save_file(state, path / "model.safetensors", metadata={"format": "pt"})

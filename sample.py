@@ -131,14 +131,8 @@ def parse_args(argv=None):
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the ChatML template")
     ap.add_argument("--graph", default=None, help="spiffy: draft graph JSON (default: next to the target)")
     ap.add_argument("--draft-budget", type=int, default=8, help="spiffy: D*, nodes verified per forward")
-    ap.add_argument("--json", action="store_true", help="last line: one JSON object")
-    a = ap.parse_args(argv)
-    return dict(spec=a.spec, prompt=a.prompt, target=a.target, drafter=a.drafter,
-                block_size=a.block_size, gamma=a.gamma, threshold=a.threshold,
-                temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
-                max_new_tokens=a.max_new_tokens, seed=a.seed, device=a.device, dtype=a.dtype,
-                compile=a.compile, chat=a.chat, graph=a.graph, draft_budget=a.draft_budget,
-                as_json=a.json)
+    ap.add_argument("--json", dest="as_json", action="store_true", help="last line: one JSON object")
+    return vars(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -33,12 +33,13 @@ import mask as masks
 from model import DecodeRule, Session, Transformer, check_prompt, decode
 
 
-def ranks(logits, state, rule):
+def ranks(logits, state, rule, k=None):
     """Rank the masked positions of `state` by top-1 confidence under `logits` (the
-    distribution the drafts are built from); -> (positions by rank, (m, V) token order, probs)."""
+    distribution the drafts are built from), and their k most likely tokens (all if None);
+    -> (positions by rank, (m, k) token order, (m, k) probs)."""
     masked = (state == rule.mask_id).nonzero().squeeze(-1)
     p = rule.probs(logits[masked])                     # (m, V)
-    p_sorted, tok_order = p.sort(-1, descending=True)
+    p_sorted, tok_order = p.sort(-1, descending=True) if k is None else p.topk(min(k, p.shape[-1]))
     by_conf = p_sorted[:, 0].argsort(descending=True)
     return masked[by_conf], tok_order[by_conf], p_sorted[by_conf]
 
@@ -81,7 +82,8 @@ def build_drafts(logits, state, graph, budget, rule):
     """Instantiate the graph's nodes on `state` from `logits`; keep the `budget` best by the
     geometric mean of their token probabilities and their children's scores (bottom-up).
     -> list of block states, one per kept node."""
-    pos, tok_order, p_sorted = ranks(logits, state, rule)
+    k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0)
+    pos, tok_order, p_sorted = ranks(logits, state, rule, k)   # top-k, not a full vocab sort
     nodes = [n for n in map(lambda n: tuple(map(tuple, n)), graph["nodes"])
              if all(i < len(pos) and j < p_sorted.shape[1] for i, j in n)]
     single = one_per_step(rule)
@@ -166,9 +168,9 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
             n_steps, i = 0, 0
             while True:                                        # the walk
                 new = rule(logits[i], block, step, generator)
-                trajectory.append(logits[i])
+                if record:                                     # calibration only: keeps logits
+                    trajectory.append(logits[i]), states.append(new)
                 step, n_steps, last_logits, block = step + 1, n_steps + 1, logits[i], new
-                states.append(block)
                 match = [k for k, s in enumerate(drafts) if torch.equal(s, new)]
                 if not match or not (new == rule.mask_id).any():
                     break

@@ -147,7 +147,7 @@ def test_loaded_config_and_weights(case):
     for hf_name, t in ref.items():
         if hf_name == "lm_head.weight" and tied:
             continue
-        assert torch.equal(ours_state[Transformer.local_name(hf_name)], t), hf_name
+        assert torch.equal(ours_state[Transformer.rename(hf_name)], t), hf_name
 
 
 def test_hf_reference_applies_the_block_mask(case):

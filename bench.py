@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from model import generate
+from decode import generate
 from prepare import extract_answer, problems
 from sample import DEFAULT_DRAFTER, DEFAULT_TARGET, check_block_size, load, make_rule
 from speculate import simsd_generate

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from model import DecodeRule, Transformer, generate
+from decode import DecodeRule, generate
+from model import Transformer
 from speculate import simsd_generate
 from spiffy import graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer, load_tokenizer

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 import mask as masks
-from model import DecodeRule, Session, check_prompt, decode
+from decode import DecodeRule, Session, check_prompt, decode
 
 
 @dataclass

@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 import mask as masks
-from model import DecodeRule, Session, Transformer, check_prompt, decode
+from decode import DecodeRule, Session, check_prompt, decode
+from model import Transformer
 
 
 def ranks(logits, state, rule, k=None):
@@ -139,7 +140,7 @@ def graph_rule(rule):
 @torch.no_grad()
 def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, draft_budget=8,
                     fuse_commit=True, eos_id=None, generator=None, on_block=None, record=None):
-    """Spiffy decoding; same arguments and output as model.generate, plus
+    """Spiffy decoding; same arguments and output as decode.generate, plus
     graph: a calibrated graph (load_graph), None for no drafts (plain decoding);
     draft_budget: D*, the most nodes verified per forward;
     record(states, logits): called per block with its trajectory (used by calibrate)."""

@@ -129,7 +129,7 @@ def agreement(target, drafter, path, block_size, seq_len=256, n=16, seed=0):
 def report(target_dir="models/target", drafter_dir="models/drafter", data_dir="data", n_problems=200):
     """The quality figures in the README: held-out masked-token loss, greedy accuracy of plain
     decoding on held-out problems, and drafter/target agreement, at B = 4, 8 and 32."""
-    from model import DecodeRule, generate
+    from decode import DecodeRule, generate
     from prepare import extract_answer, problems
     from tokenizer import load_tokenizer
     tok = load_tokenizer(target_dir)

@@ -14,7 +14,8 @@ import torch
 import bench
 import sample
 import train
-from model import Transformer, generate
+from decode import generate
+from model import Transformer
 from prepare import extract_answer, problems
 from sample import DEFAULT_DRAFTER, DEFAULT_TARGET
 from speculate import simsd_generate

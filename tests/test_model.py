@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import mask
-from model import PRESETS, DecodeRule, ModelConfig, Transformer, generate
+from decode import DecodeRule, generate
+from model import PRESETS, ModelConfig, Transformer
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 NO_EOS = -1     # an eos_id that never occurs: fixed-length output

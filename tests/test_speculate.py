@@ -21,7 +21,8 @@ import torch
 
 import mask
 import speculate
-from model import PRESETS, DecodeRule, Session, generate
+from decode import DecodeRule, Session, generate
+from model import PRESETS
 from speculate import Draft, accept, simsd_generate, verify
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]

@@ -1,6 +1,6 @@
 """Tests for spiffy.py (Spiffy, DESIGN.md section 4) on tiny random "peaky" models, CPU.
 
-- Lossless: Spiffy gives plain decoding's tokens (model.generate), prompt for prompt, for the
+- Lossless: Spiffy gives plain decoding's tokens (decode.generate), prompt for prompt, for the
   one-token-per-step rule and the threshold rule, at B = 4, 8, 32, fused and separate commit,
   greedy and sampling with a seeded generator; while spending fewer forwards. The checker,
   `assert_lossless`, is shown to catch a walk that accepts a node that is not the new state.
@@ -20,7 +20,8 @@ import torch
 
 import spiffy
 from conftest import make_model
-from model import PRESETS, DecodeRule, generate
+from decode import DecodeRule, generate
+from model import PRESETS
 from spiffy import build_drafts, calibrate, graph_rule, load_graph, spiffy_generate
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]

@@ -1,0 +1,193 @@
+"""Plain block-diffusion decoding: SDAR's block_diffusion_generate (design notes, section 2).
+
+- `DecodeRule`: one denoising step, from a block's logits to its next state.
+- `Session`: a model's cursor over its static KV cache, with the commit forward optionally
+  fused into the next block's first forward (one forward a block less than SDAR's loop).
+- `decode`: the block loop every decoder shares (plain, SimSD, Spiffy): prefill, fill block
+  after block, commit, stop at EOS.
+- `generate`: plain decoding, the reference the speculative decoders are tested against.
+"""
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+import mask as masks
+@dataclass
+class DecodeRule:
+    """One denoising step of SDAR's decoder: from a block's logits to its next state.
+    strategy "low_confidence_static" reveals the `steps`-quota most confident masked tokens;
+    "low_confidence_dynamic" (Fast-dLLM's threshold rule) reveals every masked token whose
+    confidence reaches `threshold`, and at least the static quota."""
+    mask_id: int
+    block_size: int = 4
+    strategy: str = "low_confidence_static"
+    steps: int = None              # per block; default block_size (one token per step)
+    threshold: float = 0.9
+    temperature: float = 0.0       # 0: greedy
+    top_k: int = None
+    top_p: float = None
+
+    def __post_init__(self):
+        self.steps = self.block_size if self.steps is None else self.steps
+        if self.strategy not in ("low_confidence_static", "low_confidence_dynamic"):
+            raise ValueError(f"unknown strategy {self.strategy!r}")
+        if not 1 <= self.steps <= self.block_size:
+            raise ValueError(f"steps must be in [1, block_size={self.block_size}], got {self.steps}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        # SDAR splits the block evenly over the steps, the remainder going to the first steps
+        base, extra = divmod(self.block_size, self.steps)
+        self.quota = [base + (s < extra) for s in range(self.steps)]
+
+    def probs(self, logits):
+        """(n, V) logits -> (n, V) fp32 probabilities after top-k, top-p and temperature."""
+        logits = logits.float() / (self.temperature or 1.0)
+        logits[:, self.mask_id] = -math.inf  # revealing a mask would reveal nothing
+        if self.top_k is not None:
+            kth = logits.topk(min(self.top_k, logits.shape[-1])).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, -math.inf)
+        if self.top_p is not None and self.top_p < 1:
+            sorted_logits, order = logits.sort(descending=True)
+            cum = sorted_logits.softmax(-1).cumsum(-1)
+            drop = cum - sorted_logits.softmax(-1) >= self.top_p   # keep the smallest nucleus
+            logits = logits.masked_fill(drop.scatter(-1, order, drop), -math.inf)
+        return logits.softmax(-1)
+
+    def pick(self, p, generator=None):
+        """Draw a token per row of p (argmax when greedy); -> (tokens, their probabilities)."""
+        if self.temperature == 0:
+            tokens = p.argmax(-1)
+        else:
+            tokens = torch.multinomial(p, 1, generator=generator).squeeze(-1)
+        return tokens, p.gather(-1, tokens[:, None]).squeeze(-1)
+
+    def __call__(self, logits, block, step, generator=None):
+        """logits: (B, V) for the block; block: (B,) with mask_id at unknown positions;
+        step: index of this step within the block. Returns the next state of the block."""
+        masked = (block == self.mask_id).nonzero().squeeze(-1)
+        tokens, confidence = self.pick(self.probs(logits[masked]), generator)
+        quota = min(self.quota[min(step, self.steps - 1)], len(masked))
+        reveal = confidence.topk(quota).indices
+        if self.strategy == "low_confidence_dynamic":
+            sure = (confidence >= self.threshold).nonzero().squeeze(-1)
+            reveal = sure if len(sure) >= quota else reveal      # host sync
+        block = block.clone()
+        block[masked[reveal]] = tokens[reveal]
+        return block
+
+
+class Session:
+    """A model's decoding cursor over its KV cache: `committed` rows are final; a finished
+    block waits in `pending` until the next forward carries it in as extra queries (fused
+    commit), or is written at once by its own forward (SDAR's separate commit)."""
+
+    def __init__(self, model, block_size, max_len, fuse_commit=True):
+        self.model, self.block_size, self.fuse_commit = model, block_size, fuse_commit
+        model.setup_cache(max_len)
+        self.device = model.embed.weight.device
+        self.committed, self.pending, self.nfe = 0, None, 0
+
+    def forward(self, tokens, pos, mask_for, keep):
+        """One forward of [pending ; tokens]. mask_for(prefix, n_commit) builds the mask_mod
+        (prefix = committed rows, n_commit = rows of the pending block); -> (keep, V) logits."""
+        n_commit = 0 if self.pending is None else len(self.pending)
+        if n_commit:
+            tokens = torch.cat([self.pending, tokens])
+            pos = torch.cat([torch.arange(self.committed, self.committed + n_commit,
+                                          device=self.device), pos])
+        logits = self.model(tokens[None], pos, self.committed, mask_for(self.committed, n_commit),
+                            keep=keep)
+        self.committed, self.pending = self.committed + n_commit, None
+        self.nfe += 1
+        return logits[0]
+
+    def prefill(self, ids):
+        if len(ids):
+            self.pending = ids
+            self.flush()
+
+    def commit(self, block):
+        self.pending = block
+        if not self.fuse_commit:
+            self.flush()
+
+    def flush(self):  # a forward with nothing but the pending block: SDAR's commit
+        self.forward(self.pending[:0], self.pending[:0], lambda c, n: masks.block_causal(
+            self.block_size, c), keep=0)
+
+
+def check_prompt(prompt, config, max_new_tokens, device):
+    ids = torch.as_tensor(prompt, dtype=torch.long, device=device).flatten()
+    if len(ids) == 0:
+        raise ValueError("empty prompt")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if ids.min() < 0 or ids.max() >= config.vocab_size:
+        raise ValueError(f"prompt token ids must be in [0, {config.vocab_size})")
+    if (ids == config.mask_token_id).any():
+        raise ValueError("the prompt holds the mask token")
+    if len(ids) + max_new_tokens > config.max_seq_len:
+        raise ValueError(f"prompt ({len(ids)}) + max_new_tokens ({max_new_tokens}) exceeds the "
+                         f"context of {config.max_seq_len} tokens")
+    return ids
+
+
+def decode(fill_block, sessions, ids, block_size, max_new_tokens, mask_id, eos_id, on_block=None):
+    """The block loop every decoder shares: prefill the prompt's whole blocks into each
+    session, then fill block after block (the prompt tail stays in the first block as known
+    tokens, so blocks stay on the grid the model was trained on) and commit each; stop at
+    EOS or max_new_tokens. fill_block(block, pos) -> the filled block."""
+    B = block_size
+    n_prefix = len(ids) // B * B
+    for s in sessions:
+        s.prefill(ids[:n_prefix])
+    tail, out, start = ids[n_prefix:], [], n_prefix
+    while len(out) < max_new_tokens:
+        block = torch.full((B,), mask_id, device=ids.device)
+        block[:len(tail)] = tail
+        block = fill_block(block, torch.arange(start, start + B, device=ids.device))
+        for s in sessions:
+            s.commit(block)
+        new = block[len(tail):].tolist()  # host sync, once a block
+        tail, start, stop = tail[:0], start + B, eos_id in new
+        new = new[:new.index(eos_id)] if stop else new
+        out += new
+        if on_block:
+            on_block(new)
+        if stop:
+            break
+    return out[:max_new_tokens]
+
+
+@torch.no_grad()
+def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_id=None,
+             generator=None, on_block=None):
+    """Plain block-diffusion decoding (SDAR's block_diffusion_generate).
+    model: a Transformer (batch 1). prompt: token ids. rule: a DecodeRule (default: the
+    model's block size, one token per step, greedy). fuse_commit: write each finished block
+    into the cache during the next block's first forward (False: SDAR's extra commit
+    forward). eos_id: stop token (default config.eos_token_id). generator: torch.Generator
+    for sampling. on_block(new_ids): called as each block is finished.
+    Returns (new token ids without EOS, stats with nfe, tokens, seconds)."""
+    c = model.config
+    rule = rule or DecodeRule(c.mask_token_id, c.block_size)
+    ids = check_prompt(prompt, c, max_new_tokens, model.embed.weight.device)
+    B, t0 = rule.block_size, time.perf_counter()
+    sess = Session(model, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
+
+    def fill_block(block, pos):
+        step = 0
+        while (block == rule.mask_id).any():  # host sync
+            logits = sess.forward(block, pos, lambda c, n: masks.block_causal(B, c), keep=B)
+            block, step = rule(logits, block, step, generator), step + 1
+        return block
+
+    eos = c.eos_token_id if eos_id is None else eos_id
+    out = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, eos, on_block)
+    return out, dict(nfe=sess.nfe, tokens=len(out), seconds=time.perf_counter() - t0)

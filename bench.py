@@ -1,21 +1,30 @@
 """Benchmark plain decoding, SimSD and Spiffy side by side, in one process, on the same prompts.
 
-Methods (each at every --block-size):
+Methods (each at every --block-size; "+threshold" runs a method on the threshold rule,
+low_confidence_dynamic at 0.9, and compares it with `threshold` instead of `plain`):
   sdar              plain decoding, one token per step, separate commit forward (SDAR's loop)
   plain             the same with the commit fused into the next block's first forward
-  threshold         the threshold rule (low_confidence_dynamic, 0.9), fused commit
-  simsd             SimSD with the drafter (gamma = B unless --sweep gamma)
-  spiffy            Spiffy on the one-token rule (lossless: must equal `plain`)
-  spiffy+threshold  Spiffy on the threshold rule (lossless: must equal `threshold`)
-Ablations on request: --ablate rope-copy (SimSD without copied positions), --ablate order
-(SimSD verifying left to right instead of by the draft order).
+  threshold         the threshold rule, fused commit
+  simsd             SimSD as `sample.py --spec simsd` runs it (= simsd-gated)
+  simsd-paper       the paper's: temporal-mask verifier, accept on agreement along tau
+  simsd-exact       the drafter's states verified exactly (block copies), the paper's acceptance
+  simsd-gated       exact states, accepted only where the target is sure (keeps its answers)
+  simsd-lossless    exact states, plain decoding's rule walked through them (must equal plain)
+  spiffy            Spiffy, draft graphs instead of a drafter (lossless: must equal plain)
+simsd-paper against simsd-exact is the order-versus-leak experiment: both lose the same
+answers, so the temporal mask's approximation is not what loses them.
+Ablations of simsd-paper on request: --ablate rope-copy (slots without copied positions),
+--ablate order (verify left to right instead of by the draft order).
 
 For each: tokens/s, target and drafter forwards per token, tokens per target forward (and its
 fraction of the limit B: one forward a block), mean accepted per round, accuracy on the task,
-speedups over `sdar` and `plain` measured in this run. Greedy. Warm-up is timed apart; clocks
-are read after a CUDA synchronise; wall time is the median over --repeats. The last line of
-stdout is one JSON object. Exit status 1 if a lossless method's output differs from its
-plain counterpart.
+the fraction of prompts whose output is its plain counterpart's ("same"), speedups over `sdar`
+and `plain` measured in this run. Greedy. Prompts are interleaved (each prompt through every
+method before the next); warm-up is timed apart; clocks are read after a CUDA synchronise;
+wall time is the median over --repeats. The last line of stdout is one JSON object. Exit
+status 1 if a lossless method (sdar, simsd-lossless, spiffy) differs from its plain
+counterpart in fp32; in bf16 the "same" column is the agreement rate (rounding differs with
+the shapes of the forwards).
 
     python bench.py                        # embedded models, B=4, 100 held-out problems
     python bench.py --block-size 4,32 --prompts 200 --out results.json
@@ -36,12 +45,27 @@ from tqdm import tqdm
 from decode import generate
 from prepare import extract_answer, problems
 from sample import DEFAULT_DRAFTER, DEFAULT_TARGET, check_block_size, load, make_rule
-from speculate import simsd_generate
+from speculate import DRAFT_STOP, DRAFT_THRESHOLD, simsd_generate
 from spiffy import calibrate, graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer
 
-METHODS = ("sdar", "plain", "threshold", "simsd", "spiffy", "spiffy+threshold")
-LOSSLESS = {"spiffy": "plain", "spiffy+threshold": "threshold"}
+SIMSD = {  # name -> (verifier, acceptance); "simsd" is sample.py's default
+    "simsd": ("copies", "gated"), "simsd-paper": ("temporal", "paper"),
+    "simsd-exact": ("copies", "paper"), "simsd-gated": ("copies", "gated"),
+    "simsd-lossless": ("copies", "lossless")}
+BASES = ("sdar", "plain", *SIMSD, "spiffy")
+METHODS = ("sdar", "plain", "threshold", "simsd", "simsd+threshold", "spiffy", "spiffy+threshold")
+LOSSLESS = ("sdar", "simsd-lossless", "spiffy")   # exact in exact arithmetic: must equal plain
+
+
+def parse_method(name):
+    """"simsd-gated+threshold" -> ("simsd-gated", True); "threshold" is plain's own name."""
+    base, threshold = name.removesuffix("+threshold"), name.endswith("+threshold")
+    base, threshold = ("plain", True) if base == "threshold" else (base, threshold)
+    if base not in BASES or (threshold and base == "sdar"):
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(BASES)} and threshold, "
+                         f"each but sdar with +threshold")
+    return base, threshold
 
 
 def load_tasks(data, n, tok, chat):
@@ -63,34 +87,43 @@ def load_tasks(data, n, tok, chat):
     return [(tok.encode(tok.apply_chat_template(q) if chat else q), a) for q, a in items]
 
 
-def runner(method, target, drafter, B, graphs, gamma=None, rope_copy=True, order="tau", draft_budget=8):
+def runner(method, target, drafter, B, graphs, draft_budget=8, **simsd):
     """-> f(prompt ids, max_new_tokens, eos) -> (ids, stats) for one method at block size B."""
-    threshold = 0.9 if method in ("threshold", "spiffy+threshold") else None
-    rule = make_rule(target, B, threshold)
-    if method in ("sdar", "plain", "threshold"):
-        fuse = method != "sdar"
-        return lambda ids, n, eos: generate(target, ids, n, rule, fuse_commit=fuse, eos_id=eos)
-    if method == "simsd":
-        return lambda ids, n, eos: simsd_generate(target, drafter, ids, n, rule, gamma=gamma,
-                                                  rope_copy=rope_copy, order=order, eos_id=eos)
+    base, threshold = parse_method(method)
+    rule = make_rule(target, B, 0.9 if threshold else None)
+    if base in ("sdar", "plain"):
+        return lambda ids, n, eos: generate(target, ids, n, rule, fuse_commit=base == "plain", eos_id=eos)
+    if base in SIMSD:
+        verifier, acceptance = SIMSD[base]
+        return lambda ids, n, eos: simsd_generate(target, drafter, ids, n, rule, verifier, acceptance,
+                                                  eos_id=eos, **simsd)
     graph = graphs(rule)
     return lambda ids, n, eos: spiffy_generate(target, ids, n, rule, graph, draft_budget, eos_id=eos)
 
 
-def measure(run, tasks, max_new_tokens, eos, tok, repeats, device, bar):
-    """Run every task; outputs and counts from the first pass, wall time the median."""
+def measure(runs, tasks, max_new_tokens, eos, tok, repeats, device, bar):
+    """Every task through every method before the next task (so a slow spell of a shared
+    machine hits all methods alike); outputs and counts from the first pass, each method's wall
+    time the median over repeats of its summed per-prompt times."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    walls, outs, stats = [], [], []
+    walls = {name: [0.0] * repeats for name in runs}
+    outs, stats = {name: [] for name in runs}, {name: [] for name in runs}
     for r in range(repeats):
-        sync()
-        t0 = time.perf_counter()
         for ids, _ in tasks:
-            out, st = run(ids, max_new_tokens, eos)
-            if r == 0:
-                outs.append(out), stats.append(st)
+            for name, run in runs.items():
+                sync()
+                t0 = time.perf_counter()
+                out, st = run(ids, max_new_tokens, eos)
+                sync()
+                walls[name][r] += time.perf_counter() - t0
+                if r == 0:
+                    outs[name].append(out), stats[name].append(st)
             bar.update(1)
-        sync()
-        walls.append(time.perf_counter() - t0)
+    return outs, {name: summarize(stats[name], outs[name], tasks, tok, statistics.median(walls[name]))
+                  for name in runs}
+
+
+def summarize(stats, outs, tasks, tok, wall):
     tokens, nfe = sum(s["tokens"] for s in stats), sum(s["nfe"] for s in stats)
     hist = {}
     for s in stats:
@@ -98,13 +131,12 @@ def measure(run, tasks, max_new_tokens, eos, tok, repeats, device, bar):
             hist[k] = hist.get(k, 0) + v
     rounds = sum(hist.values())
     correct = sum(extract_answer(tok.decode(o)) == a for o, (_, a) in zip(outs, tasks))
-    wall = statistics.median(walls)
-    return outs, dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall,
-                      target_fwd_per_token=nfe / tokens,
-                      draft_fwd_per_token=sum(s.get("nfe_draft", 0) for s in stats) / tokens,
-                      tokens_per_target_fwd=tokens / nfe, nfe=nfe, hist=hist,
-                      mean_per_round=sum(k * v for k, v in hist.items()) / max(rounds, 1),
-                      accuracy=correct / len(tasks))
+    return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall,
+                target_fwd_per_token=nfe / tokens,
+                draft_fwd_per_token=sum(s.get("nfe_draft", 0) for s in stats) / tokens,
+                tokens_per_target_fwd=tokens / nfe, nfe=nfe, hist=hist,
+                mean_per_round=sum(k * v for k, v in hist.items()) / max(rounds, 1),
+                accuracy=correct / len(tasks))
 
 
 def graphs_for(target_dir, target, calib_prompts, tok, note):
@@ -131,10 +163,11 @@ def table(rows):
     cols = [("method", "{}"), ("B", "{}"), ("tok/s", "{:.1f}"), ("x sdar", "{:.2f}"),
             ("x plain", "{:.2f}"), ("tgt fwd/tok", "{:.3f}"), ("drf fwd/tok", "{:.2f}"),
             ("tok/tgt fwd", "{:.2f}"), ("of limit", "{:.0%}"), ("NFE / sdar", "{:.2f}x"),
-            ("mean/round", "{:.2f}"), ("accuracy", "{:.1%}")]
+            ("mean/round", "{:.2f}"), ("accuracy", "{:.1%}"), ("same", "{:.0%}")]
     keys = ["method", "block_size", "tokens_per_s", "speedup_vs_sdar", "speedup_vs_plain",
             "target_fwd_per_token", "draft_fwd_per_token", "tokens_per_target_fwd",
-            "fraction_of_limit", "nfe_reduction_vs_sdar", "mean_per_round", "accuracy"]
+            "fraction_of_limit", "nfe_reduction_vs_sdar", "mean_per_round", "accuracy",
+            "same_fraction"]
     cells = [[f.format(r[k]) for (_, f), k in zip(cols, keys)] for r in rows]
     widths = [max(len(c[0]), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
     line = lambda xs: "  ".join(x.rjust(w) for x, w in zip(xs, widths))
@@ -143,16 +176,16 @@ def table(rows):
 
 def main(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, block_sizes=(4,), methods=METHODS,
          prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, repeats=1,
-         data=None, chat=False, sweep=None, ablate=(), draft_budget=8, out=None):
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+         data=None, chat=False, sweep=None, ablate=(), draft_budget=8, out=None, **simsd_kw):
+    """simsd_kw: gate, draft_threshold, draft_stop for every SimSD method (speculate.py)."""
+    for m in methods:
+        parse_method(m)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but no GPU is available")
     dtype = getattr(torch, dtype) if dtype else None
     tgt, tok = load(target, device, dtype)
     drf = None
-    if "simsd" in methods:
+    if any(parse_method(m)[0] in SIMSD for m in methods):
         drf, dtok = load(drafter, device, dtype)
         check_same_tokenizer(dtok, tok)
     for B in block_sizes:
@@ -166,28 +199,41 @@ def main(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, block_sizes=(4,), metho
     tasks = load_tasks(data, prompts, tok, chat)
     notes, rows, failed = [], [], []
     graphs = graphs_for(target, tgt, problems(50, "train"), tok, notes)
-    plan = []
+    # every method is compared with its plain counterpart (plain or threshold): run it too
+    methods = list(methods) + [p for p in ("plain", "threshold") if p not in methods and any(
+        parse_method(m)[1] == (p == "threshold") for m in methods)]
+    plan = {}   # (row name, B) -> (method, runner)
     for B in block_sizes:
         for m in methods:
-            gammas = sorted({1, 2, B // 2, B}) if (m == "simsd" and sweep == "gamma") else [None]
-            plan += [(m, B, dict(gamma=g), m if g is None else f"simsd(gamma={g})") for g in gammas]
-        if "simsd" in methods:
-            if "rope-copy" in ablate:
-                plan.append(("simsd", B, dict(rope_copy=False), "simsd(no rope copy)"))
-            if "order" in ablate:
-                plan.append(("simsd", B, dict(order="position"), "simsd(position order)"))
-    bar = tqdm(total=len(plan) * len(tasks) * repeats, desc="bench", file=sys.stderr)
-    outputs = {}
-    for method, B, kw, name in plan:
-        extra = dict(draft_budget=draft_budget) if method.startswith("spiffy") else kw
-        run = runner(method, tgt, drf, B, graphs, **extra)
+            base, _ = parse_method(m)
+            gammas = sorted({1, 2, B // 2, B}) if base in SIMSD and sweep == "gamma" else [None]
+            for g in gammas:
+                kw = dict(draft_budget=draft_budget) if base == "spiffy" else \
+                    dict(gamma=g, **simsd_kw) if base in SIMSD else {}
+                plan[(m if g is None else f"{m}(gamma={g})", B)] = (m, runner(m, tgt, drf, B, graphs, **kw))
+            if base == "simsd-paper" and "rope-copy" in ablate:
+                plan[(f"{m}(no rope copy)", B)] = (m, runner(m, tgt, drf, B, graphs, rope_copy=False))
+            if base == "simsd-paper" and "order" in ablate:
+                plan[(f"{m}(position order)", B)] = (m, runner(m, tgt, drf, B, graphs, order="position"))
+    warmup = {}
+    for key, (_, run) in plan.items():                            # warm-up (and compile)
         t0 = time.perf_counter()
-        run(tasks[0][0], max_new_tokens, tok.eos_id)              # warm-up (and compile)
-        warmup = time.perf_counter() - t0
-        outs, r = measure(run, tasks, max_new_tokens, tok.eos_id, tok, repeats, device, bar)
-        outputs[(name, B)] = outs
-        rows.append(dict(method=name, block_size=B, warmup_s=warmup, **r))
+        run(tasks[0][0], max_new_tokens, tok.eos_id)
+        warmup[key] = time.perf_counter() - t0
+    bar = tqdm(total=len(tasks) * repeats, desc="bench (prompts)", file=sys.stderr)
+    outputs, results = measure({k: run for k, (_, run) in plan.items()}, tasks, max_new_tokens,
+                               tok.eos_id, tok, repeats, device, bar)
     bar.close()
+    exact = dtype in (None, torch.float32)
+    for (name, B), (m, _) in plan.items():
+        r = dict(method=name, block_size=B, warmup_s=warmup[(name, B)], **results[(name, B)])
+        base, threshold = parse_method(m)
+        plain = "threshold" if threshold else "plain"
+        same = [a == b for a, b in zip(outputs[(name, B)], outputs[(plain, B)])]
+        r.update(same_as=plain, same_fraction=sum(same) / len(same))
+        if base in LOSSLESS and exact and not all(same):
+            failed.append(f"{name} at B={B} differs from {plain} on {len(same) - sum(same)} prompt(s)")
+        rows.append(r)
     for r in rows:
         base = {m["method"]: m for m in rows if m["block_size"] == r["block_size"]}
         for ref in ("sdar", "plain"):
@@ -196,11 +242,6 @@ def main(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, block_sizes=(4,), metho
         r["nfe_reduction_vs_sdar"] = (sdar["target_fwd_per_token"] / r["target_fwd_per_token"]
                                       if sdar else float("nan"))
         r["fraction_of_limit"] = r["tokens_per_target_fwd"] / r["block_size"]
-        plain = LOSSLESS.get(r["method"])
-        if plain and (plain, r["block_size"]) in outputs:
-            r["identical_to"] = plain
-            if outputs[(r["method"], r["block_size"])] != outputs[(plain, r["block_size"])]:
-                failed.append(f"{r['method']} at B={r['block_size']} differs from {plain}")
     print(table(rows))
     for n in notes + [f"FAILED: {f}" for f in failed]:
         print(n)
@@ -236,6 +277,11 @@ def parse_args(argv=None):
     ap.add_argument("--sweep", choices=["gamma"], default=None)
     ap.add_argument("--ablate", default="", help="comma-separated: rope-copy, order")
     ap.add_argument("--draft-budget", type=int, default=8, help="Spiffy's D*")
+    ap.add_argument("--gate", type=float, default=0.9, help="simsd-gated: target confidence to accept")
+    ap.add_argument("--draft-threshold", type=float, default=DRAFT_THRESHOLD,
+                    help="simsd: the drafter also drafts every position above this confidence")
+    ap.add_argument("--draft-stop", type=float, default=DRAFT_STOP,
+                    help="simsd: stop drafting when the drafter's best confidence is below this")
     ap.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens: a smoke test")
     ap.add_argument("--out", default=None, help="also save the JSON here")
     a = ap.parse_args(argv)
@@ -252,7 +298,8 @@ def parse_args(argv=None):
                 methods=tuple(a.methods.split(",")), prompts=4 if a.quick else a.prompts,
                 max_new_tokens=32 if a.quick else a.max_new_tokens, device=a.device,
                 dtype=a.dtype, compile=a.compile, repeats=a.repeats, data=a.data, chat=a.chat,
-                sweep=a.sweep, ablate=ablate, draft_budget=a.draft_budget, out=a.out)
+                sweep=a.sweep, ablate=ablate, draft_budget=a.draft_budget, out=a.out,
+                gate=a.gate, draft_threshold=a.draft_threshold, draft_stop=a.draft_stop)
 
 
 if __name__ == "__main__":

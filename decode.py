@@ -17,9 +17,19 @@ import mask as masks
 @dataclass
 class DecodeRule:
     """One denoising step of SDAR's decoder: from a block's logits to its next state.
-    strategy "low_confidence_static" reveals the `steps`-quota most confident masked tokens;
-    "low_confidence_dynamic" (Fast-dLLM's threshold rule) reveals every masked token whose
-    confidence reaches `threshold`, and at least the static quota."""
+
+    For every masked position a token is drawn from `probs` (temperature, then top-k / top-p;
+    argmax when greedy) and scored by SDAR's confidence: the token's probability under the
+    temperature-scaled softmax over the WHOLE vocabulary, mask token included, before top-k /
+    top-p. strategy "low_confidence_static" reveals the `steps`-quota most confident masked
+    positions; "low_confidence_dynamic" (Fast-dLLM's threshold rule) every position whose
+    confidence is strictly above `threshold`, and at least the static quota. Ties go to the
+    leftmost position, and a greedy token tie to the lowest id, everywhere in the project.
+
+    A revealed token is never the mask token. SDAR's greedy path (top-k = 1 over the whole
+    vocabulary) would commit the mask token where it is the most likely one, leaving that
+    position masked for good; here such a position gets its most likely other token, scored
+    with the same full-vocabulary softmax (so its confidence is low)."""
     mask_id: int
     block_size: int = 4
     strategy: str = "low_confidence_static"
@@ -31,8 +41,8 @@ class DecodeRule:
 
     def __post_init__(self):
         self.steps = self.block_size if self.steps is None else self.steps
-        if self.strategy not in ("low_confidence_static", "low_confidence_dynamic"):
-            raise ValueError(f"unknown strategy {self.strategy!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose from {', '.join(STRATEGIES)}")
         if not 1 <= self.steps <= self.block_size:
             raise ValueError(f"steps must be in [1, block_size={self.block_size}], got {self.steps}")
         if self.temperature < 0:
@@ -46,9 +56,10 @@ class DecodeRule:
         self.quota = [base + (s < extra) for s in range(self.steps)]
 
     def probs(self, logits):
-        """(n, V) logits -> (n, V) fp32 probabilities after top-k, top-p and temperature."""
+        """(n, V) logits -> (n, V) fp32 distribution tokens are drawn from: temperature, the
+        mask token removed (revealing a mask would reveal nothing), then top-k and top-p."""
         logits = logits.float() / (self.temperature or 1.0)
-        logits[:, self.mask_id] = -math.inf  # revealing a mask would reveal nothing
+        logits[:, self.mask_id] = -math.inf
         if self.top_k is not None:
             kth = logits.topk(min(self.top_k, logits.shape[-1])).values[:, -1:]
             logits = logits.masked_fill(logits < kth, -math.inf)
@@ -59,27 +70,39 @@ class DecodeRule:
             logits = logits.masked_fill(drop.scatter(-1, order, drop), -math.inf)
         return logits.softmax(-1)
 
-    def pick(self, p, generator=None):
-        """Draw a token per row of p (argmax when greedy); -> (tokens, their probabilities)."""
+    def confidence(self, logits, tokens):
+        """SDAR's confidence of (n,) tokens under (n, V) logits: their probability under the
+        temperature-scaled softmax over the whole vocabulary, before top-k / top-p."""
+        full = (logits.float() / (self.temperature or 1.0)).softmax(-1)
+        return full.gather(-1, tokens[:, None]).squeeze(-1)
+
+    def pick(self, logits, generator=None):
+        """Per row of (n, V) logits: a token drawn from `probs` (argmax when greedy), its
+        confidence, and the distribution it was drawn from. -> (tokens, confidence, p)."""
+        p = self.probs(logits)
         if self.temperature == 0:
             tokens = p.argmax(-1)
         else:
             tokens = torch.multinomial(p, 1, generator=generator).squeeze(-1)
-        return tokens, p.gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, self.confidence(logits, tokens), p
 
     def __call__(self, logits, block, step, generator=None):
         """logits: (B, V) for the block; block: (B,) with mask_id at unknown positions;
         step: index of this step within the block. Returns the next state of the block."""
         masked = (block == self.mask_id).nonzero().squeeze(-1)
-        tokens, confidence = self.pick(self.probs(logits[masked]), generator)
+        tokens, confidence, _ = self.pick(logits[masked], generator)
         quota = min(self.quota[min(step, self.steps - 1)], len(masked))
-        reveal = confidence.topk(quota).indices
+        order = confidence.sort(descending=True, stable=True).indices   # ties: leftmost first
+        reveal = order[:quota]
         if self.strategy == "low_confidence_dynamic":
-            sure = (confidence >= self.threshold).nonzero().squeeze(-1)
-            reveal = sure if len(sure) >= quota else reveal      # host sync
+            n_sure = int((confidence > self.threshold).sum())          # host sync
+            reveal = order[:max(n_sure, quota)]
         block = block.clone()
         block[masked[reveal]] = tokens[reveal]
         return block
+
+
+STRATEGIES = ("low_confidence_static", "low_confidence_dynamic")
 
 
 class Session:

@@ -184,8 +184,12 @@ class Transformer(nn.Module):
             nn.init.normal_(m.weight, std=0.02)
 
     def setup_cache(self, max_len, batch=1):
-        """Allocate the static KV cache: max_len rows = committed blocks + scratch."""
-        p = self.embed.weight
+        """Allocate the static KV cache: max_len rows = committed blocks + scratch. A cache
+        allocated before is kept if it has room, so one cache serves every prompt of a run."""
+        p, old = self.embed.weight, self.layers[0].attn.cache
+        if old is not None and old.k.shape[0] == batch and old.k.shape[2] >= max_len \
+                and old.k.dtype == p.dtype and old.k.device == p.device:
+            return
         for layer in self.layers:
             layer.attn.cache = KVCache(batch, self.config.n_kv_head, max_len,
                                        self.config.head_dim, p.dtype, p.device)

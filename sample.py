@@ -18,7 +18,7 @@ import torch
 
 from decode import DecodeRule, generate
 from model import Transformer
-from speculate import simsd_generate
+from speculate import ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, VERIFIERS, simsd_generate
 from spiffy import graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer, load_tokenizer
 
@@ -59,7 +59,8 @@ def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=Non
 def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER,
          block_size=None, gamma=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
          max_new_tokens=64, seed=0, device="cpu", dtype=None, compile=False, chat=False,
-         graph=None, draft_budget=8, as_json=False):
+         graph=None, draft_budget=8, as_json=False, verifier="copies", acceptance="gated", gate=0.9,
+         draft_threshold=DRAFT_THRESHOLD, draft_stop=DRAFT_STOP):
     if spec not in SPECS:
         raise ValueError(f"unknown --spec {spec!r}; choose from {', '.join(SPECS)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -91,7 +92,9 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=DEF
         check_block_size(draft_model, rule.block_size, "drafter")
         if compile:
             draft_model.compile(dynamic=True)
-        out, stats = simsd_generate(model, draft_model, ids, max_new_tokens, gamma=gamma, **kw)
+        out, stats = simsd_generate(model, draft_model, ids, max_new_tokens, verifier=verifier,
+                                    acceptance=acceptance, gamma=gamma, gate=gate,
+                                    draft_threshold=draft_threshold, draft_stop=draft_stop, **kw)
     else:
         g = load_graph(graph or graph_path(target, rule), rule)
         out, stats = spiffy_generate(model, ids, max_new_tokens, graph=g, draft_budget=draft_budget, **kw)
@@ -119,6 +122,17 @@ def parse_args(argv=None):
     ap.add_argument("--drafter", default=str(DEFAULT_DRAFTER), help="drafter checkpoint (simsd)")
     ap.add_argument("--block-size", type=int, default=None, help="default: the target's")
     ap.add_argument("--gamma", type=int, default=None, help="simsd: max drafted tokens a round (default B)")
+    ap.add_argument("--verify", dest="verifier", default="copies", choices=VERIFIERS,
+                    help="simsd: temporal = the paper's one-mask forward (2B queries); copies = the "
+                         "drafter's states as exact block copies (default)")
+    ap.add_argument("--accept", dest="acceptance", default="gated", choices=ACCEPTS,
+                    help="simsd: paper = accept on agreement; gated = only where the target is sure "
+                         "(default, keeps its answers); lossless = plain decoding's output exactly")
+    ap.add_argument("--gate", type=float, default=0.9, help="simsd --accept gated: confidence to accept")
+    ap.add_argument("--draft-threshold", type=float, default=DRAFT_THRESHOLD,
+                    help="simsd: the drafter also drafts every position above this confidence")
+    ap.add_argument("--draft-stop", type=float, default=DRAFT_STOP,
+                    help="simsd: stop drafting when the drafter's best confidence falls below this")
     ap.add_argument("--threshold", type=float, default=None,
                     help="use the threshold rule (low_confidence_dynamic) with this confidence")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

@@ -1,23 +1,35 @@
 """SimSD: speculative decoding of a block-diffusion LM with a small drafter dLLM.
 
 Design notes, section 3 (after the SimSD paper). Per round, on the current block:
-  draft   the drafter runs its own plain decoding on the block's masked positions, one token
-          per step by confidence, for up to `gamma` steps; it records each drafted token d_i,
-          its draft distribution p_draft(i) and its step label tau(i) (the step map);
-  verify  ONE target forward over [data section | mask section] against the target's cache,
-          under the token-level temporal mask (mask.simsd_temporal): the slot of position i
-          sees the block as it was just before step tau(i), so its logits are p_target(i)
-          "as if" at that step. Slots copy the RoPE position of their data token;
-  accept  along tau: greedy match, or min(1, p_target(d) / p_draft(d)) with a residual
-          resample at the first rejection (the correction); if every draft is accepted and
-          masks remain, the most confident undrafted slot gives a bonus token;
-  commit  the accepted positions (any subset of the block, not only a left prefix) become
-          known; draft again until the block is full, then commit it to both caches (fused
-          into each model's next forward by default).
-Exactness: for a one-layer target, a slot's logits equal plain decoding's at step tau(i). For
-deeper targets they are an approximation: a slot at step t also sees slots of later steps,
-whose own hidden states were built from a context that holds data revealed after t. SimSD is
-therefore not lossless; greedy output can differ from the target's plain decoding.
+  draft   the drafter runs its own decoding on the block's masked positions: each forward
+          reveals its most confident position (and, with `draft_threshold`, every other one
+          above it) until `gamma` tokens are drafted or its confidence falls below
+          `draft_stop`. It records each drafted token d_i, its draft distribution p_draft(i)
+          and its step label tau(i) (the step map).
+  verify  ONE target forward, by one of two verifiers:
+          "temporal" (the paper's): [data section | mask section] under the token-level
+            temporal mask (mask.simsd_temporal); the slot of position i sees the block as it
+            was just before step tau(i) and copies its RoPE position. 2B queries. Exact for a
+            one-layer target only: deeper, a slot also sees slots of later steps, whose hidden
+            states were built from data revealed after its step.
+          "copies": the drafter's states X_t, X_t + d_1, X_t + d_1 + d_2, ... as whole-block
+            copies (verify.verify_copies): the target's exact logits at every drafted state,
+            the last one included. (n + 1) B queries.
+  accept  along the draft order, by one of three rules:
+          "paper": greedy match, or min(1, p_target(d) / p_draft(d)); at the first rejection
+            the correction from norm(max(0, p_target - p_draft)).
+          "gated" (copies only): accept d only where the target is sure of that position in
+            that exact state (it is its most confident masked position, or its confidence is
+            above `gate`) and agrees as in "paper"; where it is not sure, the target takes its
+            own decoding step (static or threshold) from that state and the round ends.
+          "lossless" (copies only): the target's own rule walked through the drafter's states
+            (verify.walk, as in Spiffy): output identical to plain decoding, token for token.
+  commit  the accepted positions become known (any subset of the block, not only a left
+          prefix); draft again until the block is full, then commit it to both caches.
+
+Measured on the embedded pair (README): what loses answers at B = 8 and 32 is the ORDER the
+drafter reveals positions in, not the temporal mask's approximation: "copies" with "paper"
+loses as many as "temporal". The gate keeps the target's answers.
 
     python sample.py --spec simsd                  # on the embedded models
 """
@@ -29,6 +41,10 @@ import torch
 
 import mask as masks
 from decode import DecodeRule, Session, check_prompt, decode
+from verify import first_true, same_state, verify_copies, walk
+
+VERIFIERS, ACCEPTS = ("temporal", "copies"), ("paper", "gated", "lossless")
+DRAFT_THRESHOLD, DRAFT_STOP = 0.5, 0.3   # chosen by measurement on the embedded pair (README)
 
 
 @dataclass
@@ -36,29 +52,49 @@ class Draft:
     pos: torch.Tensor       # (n,) block positions drafted this round, in draft order
     tokens: torch.Tensor    # (n,) drafted tokens d_i
     p_draft: torch.Tensor   # (n, V) the drafter's distribution at the step each was revealed
-    tau: torch.Tensor       # (n,) step labels 1..n (the step map)
+    tau: torch.Tensor       # (n,) step labels 1, 2, ... (the step map; equal within a step)
+
+    def states(self, block):
+        """(n + 1, B): the block before each draft and after the last (cumulative reveals)."""
+        n = len(self.pos)
+        after = torch.arange(n + 1, device=block.device)[:, None] > torch.arange(n, device=block.device)
+        copies = block.repeat(n + 1, 1)
+        copies[:, self.pos] = torch.where(after, self.tokens, block[self.pos])
+        return copies
 
 
-def draft(sess, block, pos, rule, gamma, generator=None):
-    """The drafter's plain decoding, one token per step, for up to gamma steps."""
-    block, drafted, tokens, p_draft = block.clone(), [], [], []
-    n = min(gamma, int((block == rule.mask_id).sum()))  # host sync
-    for _ in range(n):
+def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, generator=None):
+    """The drafter's decoding, for up to gamma tokens. Positions are ranked by the confidence of
+    their most likely token, not of the token drawn there, so which position gets drafted does
+    not depend on the draw: the proposal at a drafted position is exactly p_draft, as
+    speculative sampling needs. Each forward drafts the best position plus every other above
+    draft_threshold; drafting stops once the best confidence left is below draft_stop."""
+    block, rows = block.clone(), []
+    left = min(gamma, int((block == rule.mask_id).sum()))          # host sync
+    while left > 0:
         logits = sess.forward(block, pos, lambda c, k: masks.block_causal(rule.block_size, c),
                               keep=len(block))
         masked = (block == rule.mask_id).nonzero().squeeze(-1)
-        p = rule.probs(logits[masked])                   # (m, V)
-        tok, confidence = rule.pick(p, generator)
-        best = confidence.argmax()
-        block[masked[best]] = tok[best]
-        drafted.append(masked[best]), tokens.append(tok[best]), p_draft.append(p[best])
-    return Draft(torch.stack(drafted), torch.stack(tokens), torch.stack(p_draft),
-                 torch.arange(1, n + 1, device=block.device))
+        p = rule.probs(logits[masked])                               # (m, V)
+        conf = rule.confidence(logits[masked], p.argmax(-1))
+        conf, order = conf.sort(descending=True, stable=True)
+        sure = 1 + int((conf[1:] > draft_threshold).sum()) if draft_threshold else 1  # host sync
+        take = order[:min(sure, left)]
+        tok = p[take].argmax(-1) if rule.temperature == 0 else \
+            torch.multinomial(p[take], 1, generator=generator).squeeze(-1)
+        block[masked[take]] = tok
+        rows.append((masked[take], tok, p[take]))
+        left -= len(take)
+        if draft_stop and len(take) < len(conf) and conf[len(take)] < draft_stop:  # host sync
+            break
+    tau = torch.cat([torch.full_like(r[0], s + 1) for s, r in enumerate(rows)])
+    return Draft(*(torch.cat(x) for x in zip(*rows)), tau)
 
 
 def verify(sess, block, pos, d, rule, rope_copy=True):
-    """ONE target forward over [data section | mask section]; -> (n_slots, V) logits, the
-    drafted positions' slots first (in d's order), then one per undrafted masked position."""
+    """The temporal verifier: ONE target forward over [data section | mask section];
+    -> (n_slots, V) logits, the drafted positions' slots first (in d's order), then one per
+    undrafted masked position."""
     known = (block != rule.mask_id).nonzero().squeeze(-1)
     undrafted = block == rule.mask_id
     undrafted[d.pos] = False
@@ -68,7 +104,7 @@ def verify(sess, block, pos, d, rule, rope_copy=True):
     data_tok = block.clone()
     data_tok[d.pos] = d.tokens
     tokens = torch.cat([data_tok[data_idx], torch.full_like(slot_idx, rule.mask_id)])
-    after_all = torch.full_like(undrafted, len(d.pos) + 1)  # undrafted: masks in every state
+    after_all = torch.full_like(undrafted, int(d.tau[-1]) + 1)  # undrafted: masks in every state
     step = torch.cat([zeros(known), d.tau, d.tau, after_all])
     is_slot = torch.cat([zeros(data_idx, dtype=torch.bool), torch.ones_like(slot_idx, dtype=torch.bool)])
     if rope_copy:
@@ -79,66 +115,142 @@ def verify(sess, block, pos, d, rule, rope_copy=True):
                         lambda c, n: masks.simsd_temporal(c, n, step, is_slot), keep=len(slot_idx))
 
 
-def accept(logits, block, d, rule, generator=None):
-    """Walk the drafts along tau; -> (new block, number of drafts accepted)."""
-    n = len(d.pos)
-    p_target = rule.probs(logits)                        # (n_slots, V)
-    block, accepted = block.clone(), n
+def agree(p_target, d, rule, generator=None):
+    """(n,) bool: the target accepts each draft; greedy: its argmax is d; sampling:
+    u < p_target(d) / p_draft(d) (speculative sampling, one uniform draw per draft)."""
+    n = torch.arange(len(d.pos), device=d.pos.device)
     if rule.temperature == 0:
-        match = (p_target[:n].argmax(-1) == d.tokens).int().cumprod(0)
-        accepted = int(match.sum())                      # host sync
-    else:
-        p_t = p_target[torch.arange(n), d.tokens]
-        p_d = d.p_draft[torch.arange(n), d.tokens]
-        u = torch.rand(n, generator=generator, device=p_t.device)
-        ok = (u < (p_t / p_d).clamp(max=1)).int().cumprod(0)
-        accepted = int(ok.sum())                         # host sync
+        return p_target.argmax(-1) == d.tokens
+    u = torch.rand(len(n), generator=generator, device=p_target.device)
+    return u * d.p_draft[n, d.tokens] < p_target[n, d.tokens]
+
+
+def correct(p_target, p_draft, rule, generator=None):
+    """The token at the first rejected draft, from norm(max(0, p_target - p_draft)) (from
+    p_target itself when greedy, or when that is all zero)."""
+    residual = p_target if rule.temperature == 0 else (p_target - p_draft).clamp(min=0)
+    residual = residual if residual.sum() > 0 else p_target          # host sync
+    if rule.temperature == 0:
+        return residual.argmax()
+    return torch.multinomial(residual / residual.sum(), 1, generator=generator)[0]
+
+
+def accept(logits, block, d, rule, generator=None):
+    """The paper's rule on the temporal verifier's slots, along tau; -> (new block, accepted)."""
+    n = len(d.pos)
+    p_target = rule.probs(logits)                                    # (n_slots, V)
+    accepted = int(agree(p_target[:n], d, rule, generator).int().cumprod(0).sum())  # host sync
+    block = block.clone()
     block[d.pos[:accepted]] = d.tokens[:accepted]
-    if accepted < n:       # the correction, from the residual max(0, p_target - p_draft)
-        i = accepted
-        residual = p_target[i] if rule.temperature == 0 else (p_target[i] - d.p_draft[i]).clamp(min=0)
-        if residual.sum() == 0:
-            residual = p_target[i]
-        tok, _ = rule.pick((residual / residual.sum())[None], generator)
-        block[d.pos[i]] = tok[0]
+    if accepted < n:
+        block[d.pos[accepted]] = correct(p_target[accepted], d.p_draft[accepted], rule, generator)
     elif len(logits) > n:  # all accepted, masks remain: bonus from the undrafted slots
-        tok, confidence = rule.pick(p_target[n:], generator)
-        best = confidence.argmax()
+        tok, confidence, _ = rule.pick(logits[n:], generator)
+        best = confidence.sort(descending=True, stable=True).indices[0]
         block[(block == rule.mask_id).nonzero().squeeze(-1)[best]] = tok[best]
     return block, accepted
 
 
+def accept_exact(logits, copies, d, step, rule, gate=None, generator=None):
+    """The "paper" (gate None) or "gated" rule on exact logits: logits[k] is the target at
+    copies[k], the state before draft k; logits[n] the state after every draft.
+    Draft k is accepted when gated and agreed. At the first draft not accepted, a gated one
+    gets the correction; an ungated one (the target is not sure there) is replaced by the
+    target's own decoding step from that state; if every draft is accepted, the target steps
+    from the last state, whose logits come with the forward. -> (new block, accepted, steps)."""
+    n, k = len(d.pos), torch.arange(len(d.pos), device=d.pos.device)
+    rows = logits[k, d.pos]                                          # (n, V) at each draft
+    p_target = rule.probs(rows)
+    ok = agree(p_target, d, rule, generator)
+    if gate is not None:
+        masked = copies[:n] == rule.mask_id                          # (n, B)
+        top = rule.confidence(logits[:n].flatten(0, 1), rule.probs(logits[:n].flatten(0, 1)).argmax(-1))
+        top = top.view(n, -1).masked_fill(~masked, -1.0)             # (n, B) top-token confidence
+        gated = (top.argmax(-1) == d.pos) | (top[k, d.pos] > gate)
+        ok &= gated
+    accepted = int(first_true(~ok))                                  # host sync
+    if accepted < n and (gate is None or bool(gated[accepted])):
+        block = copies[accepted].clone()
+        block[d.pos[accepted]] = correct(p_target[accepted], d.p_draft[accepted], rule, generator)
+        return block, accepted, accepted + 1
+    if not (copies[accepted] == rule.mask_id).any():                 # every draft taken: full
+        return copies[accepted], accepted, accepted
+    return rule(logits[accepted], copies[accepted], step + accepted, generator), accepted, accepted + 1
+
+
+def check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order):
+    """Refuse settings that are unknown or that the chosen verifier cannot honour."""
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}; choose from {', '.join(VERIFIERS)}")
+    if acceptance not in ACCEPTS:
+        raise ValueError(f"unknown acceptance rule {acceptance!r}; choose from {', '.join(ACCEPTS)}")
+    if order not in ("tau", "position"):
+        raise ValueError(f"order must be 'tau' or 'position', got {order!r}")
+    if verifier == "temporal" and acceptance != "paper":
+        raise ValueError(f"acceptance {acceptance!r} needs the copies verifier: the temporal mask "
+                         "gives no exact logits of the whole block at a drafted state")
+    if verifier == "copies" and (not rope_copy or order != "tau"):
+        raise ValueError("the rope-copy and order ablations apply to the temporal verifier only")
+    if gamma is not None and gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
+    for name, x in (("gate", gate), ("draft_threshold", draft_threshold), ("draft_stop", draft_stop)):
+        if x is not None and not 0 < x <= 1:
+            raise ValueError(f"{name} must be in (0, 1], got {x}")
+
+
 @torch.no_grad()
-def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, gamma=None,
+def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifier="copies",
+                   acceptance="gated", gamma=None, gate=0.9, draft_threshold=DRAFT_THRESHOLD,
+                   draft_stop=DRAFT_STOP,
                    rope_copy=True, order="tau", fuse_commit=True, eos_id=None, generator=None,
                    on_block=None):
     """SimSD decoding. target, drafter: Transformers sharing a tokenizer (batch 1).
-    rule: a DecodeRule for block size, temperature, top-k, top-p (its strategy is not used:
-    SimSD reveals by the draft order). gamma: most tokens drafted per round (default B).
-    rope_copy=False, order="position": the paper's ablations (slots get their own
-    positions; verify and accept left to right instead of by tau).
+    rule: the target's DecodeRule (block size, strategy, temperature, top-k, top-p); the drafter
+    samples with the same settings. verifier, acceptance: see the module docstring.
+    gamma: most tokens drafted a round (default B). gate: the "gated" rule's confidence.
+    draft_threshold, draft_stop: several drafts a drafter forward, and adaptive length.
+    rope_copy=False, order="position": the paper's ablations on the temporal verifier.
+    generator: the target's random stream; the drafter draws from its own, seeded from it, so
+    that "lossless" sampling is plain decoding's token for token with the same seed.
     Returns (new token ids, stats)."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
-    B, gamma = rule.block_size, rule.block_size if gamma is None else gamma
-    if gamma < 1:
-        raise ValueError(f"gamma must be >= 1, got {gamma}")
-    if order not in ("tau", "position"):
-        raise ValueError(f"order must be 'tau' or 'position', got {order!r}")
+    check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order)
     if drafter.config.mask_token_id != c.mask_token_id or drafter.config.vocab_size != c.vocab_size:
         raise ValueError("drafter and target differ in vocabulary size or mask token id")
+    B, gamma = rule.block_size, rule.block_size if gamma is None else gamma
     ids = check_prompt(prompt, c, max_new_tokens, target.embed.weight.device)
     t0, hist = time.perf_counter(), Counter()
-    tsess = Session(target, B, len(ids) + max_new_tokens + 4 * B, fuse_commit)
+    scratch = (gamma + 3) * B if verifier == "copies" else 4 * B
+    tsess = Session(target, B, len(ids) + max_new_tokens + scratch, fuse_commit)
     dsess = Session(drafter, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
+    draft_gen = None
+    if generator is not None:
+        draft_gen = torch.Generator(generator.device).manual_seed(generator.initial_seed() + 1)
 
     def fill_block(block, pos):
-        while (block == rule.mask_id).any():             # host sync
-            d = draft(dsess, block, pos, rule, gamma, generator)
-            if order == "position":                      # ablation: left-to-right step map
-                d = Draft(*(t[d.pos.argsort()] for t in (d.pos, d.tokens, d.p_draft)), d.tau)
-            logits = verify(tsess, block, pos, d, rule, rope_copy)
-            block, n_accepted = accept(logits, block, d, rule, generator)
+        step = 0
+        while (block == rule.mask_id).any():                         # host sync
+            d = draft(dsess, block, pos, rule, gamma, draft_threshold, draft_stop, draft_gen)
+            if verifier == "temporal":
+                if order == "position":                              # ablation: left to right
+                    d = Draft(*(t[d.pos.argsort()] for t in (d.pos, d.tokens, d.p_draft)),
+                              torch.arange(1, len(d.pos) + 1))
+                block, n_accepted = accept(verify(tsess, block, pos, d, rule, rope_copy),
+                                           block, d, rule, generator)
+            else:
+                copies = d.states(block)
+                logits = verify_copies(tsess, copies, pos)
+                if acceptance == "lossless":
+                    path = walk(logits, copies, step, rule, generator)
+                    block, n_steps = path[-1][1], len(path)
+                    reached = same_state(copies[None], torch.stack([s for _, s in path])[:, None])
+                    n_accepted = int((reached * torch.arange(len(copies))).max())  # deepest draft
+                else:
+                    block, n_accepted, n_steps = accept_exact(
+                        logits, copies, d, step, rule, gate if acceptance == "gated" else None,
+                        generator)
+                step += n_steps
             hist[n_accepted] += 1
         return block
 

@@ -29,19 +29,21 @@ from pathlib import Path
 
 import torch
 
-import mask as masks
 from decode import DecodeRule, Session, check_prompt, decode
 from model import Transformer
+from verify import verify_copies, walk
 
 
 def ranks(logits, state, rule, k=None):
-    """Rank the masked positions of `state` by top-1 confidence under `logits` (the
-    distribution the drafts are built from), and their k most likely tokens (all if None);
+    """Rank the masked positions of `state` by the confidence of their most likely token under
+    `logits` (the distribution the drafts are built from; the rule's own confidence), and
+    their k most likely tokens under the rule's `probs` (all if None);
     -> (positions by rank, (m, k) token order, (m, k) probs)."""
     masked = (state == rule.mask_id).nonzero().squeeze(-1)
     p = rule.probs(logits[masked])                     # (m, V)
     p_sorted, tok_order = p.sort(-1, descending=True) if k is None else p.topk(min(k, p.shape[-1]))
-    by_conf = p_sorted[:, 0].argsort(descending=True)
+    top_conf = rule.confidence(logits[masked], tok_order[:, 0])
+    by_conf = top_conf.sort(descending=True, stable=True).indices
     return masked[by_conf], tok_order[by_conf], p_sorted[by_conf]
 
 
@@ -85,12 +87,14 @@ def build_drafts(logits, state, graph, budget, rule):
     -> list of block states, one per kept node."""
     k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0)
     pos, tok_order, p_sorted = ranks(logits, state, rule, k)   # top-k, not a full vocab sort
+    p_host = p_sorted.tolist()                                 # host sync, once a round
+    # a token of probability 0 (cut by top-k / top-p) is never drawn: no copy for it
     nodes = [n for n in map(lambda n: tuple(map(tuple, n)), graph["nodes"])
-             if all(i < len(pos) and j < p_sorted.shape[1] for i, j in n)]
+             if all(i < len(pos) and j < len(p_host[i]) and p_host[i][j] > 0 for i, j in n)]
     single = one_per_step(rule)
     score = {}
     for n in sorted(nodes, key=len, reverse=True):             # children before parents
-        logs = [math.log(max(float(p_sorted[i, j]), 1e-30)) for i, j in n]
+        logs = [math.log(max(p_host[i][j], 1e-30)) for i, j in n]
         logs += [math.log(score[c]) for c in nodes if set(n) < set(c)
                  and (len(c) == len(n) + 1 or not single)]
         score[n] = math.exp(sum(logs) / len(logs))
@@ -160,23 +164,16 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
             drafts = []
             if graph and last_logits is not None:
                 drafts = build_drafts(last_logits, block, graph, draft_budget, rule)
-            copies = torch.cat([block] + drafts)
+            copies = torch.stack([block] + drafts)
             t = time.perf_counter()
-            logits = sess.forward(copies, pos.repeat(1 + len(drafts)),
-                                  lambda c, n: masks.spiffy_copies(c, n, B), keep=len(copies))
+            logits = verify_copies(sess, copies, pos)
             t_model += time.perf_counter() - t
-            logits = logits.view(1 + len(drafts), B, -1)
-            n_steps, i = 0, 0
-            while True:                                        # the walk
-                new = rule(logits[i], block, step, generator)
-                if record:                                     # calibration only: keeps logits
-                    trajectory.append(logits[i]), states.append(new)
-                step, n_steps, last_logits, block = step + 1, n_steps + 1, logits[i], new
-                match = [k for k, s in enumerate(drafts) if torch.equal(s, new)]
-                if not match or not (new == rule.mask_id).any():
-                    break
-                i = match[0] + 1
-            advanced[n_steps] += 1
+            path = walk(logits, copies, step, rule, generator)
+            if record:                                         # calibration only: keeps logits
+                trajectory += [lg for lg, _ in path]
+                states += [new for _, new in path]
+            step, last_logits, block = step + len(path), path[-1][0], path[-1][1]
+            advanced[len(path)] += 1
             verified[len(drafts)] += 1
         if record:
             record(states, trajectory)

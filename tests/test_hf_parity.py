@@ -202,7 +202,9 @@ def test_cached_decode_step_matches_full_forward_and_hf(case, impl):
         ours(m, impl, ids[:, :32], start=0)
         step = ours(m, impl, ids[:, 32:], torch.arange(32, 36), 32, mask.block_causal(B, 32))
         kept = ours(m, impl, ids, keep=4)      # cache-free again: start None
-        m.setup_cache(64)                      # no prefill: the block sees zero keys/values
+        for layer in m.layers:                 # a fresh cache, no prefill: zero keys/values
+            layer.attn.cache = None
+        m.setup_cache(64)
         blind = ours(m, impl, ids[:, 32:], torch.arange(32, 36), 32, mask.block_causal(B, 32))
     finally:
         for layer in m.layers:

@@ -303,9 +303,15 @@ def drafted_per_round(B, tail, max_new, gamma):
     return rounds
 
 
+VARIANTS = [dict(verifier="temporal", acceptance="paper"), dict(verifier="copies", acceptance="paper"),
+            dict(verifier="copies", acceptance="gated"), dict(verifier="copies", acceptance="lossless")]
+VARIANT_IDS = ["temporal-paper", "copies-paper", "copies-gated", "copies-lossless"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 @pytest.mark.parametrize("B, gamma", [(4, 4), (4, 2), (8, 8), (8, 3)])
 def test_drafter_equal_to_a_one_layer_target_accepts_everything_and_decodes_plainly(
-        tiny_model, B, gamma):
+        tiny_model, B, gamma, variant):
     target = tiny_model(n_layer=1, block_size=B)
     drafter = copy.deepcopy(target)
     rule = DecodeRule(MASK_ID, B)
@@ -313,7 +319,7 @@ def test_drafter_equal_to_a_one_layer_target_accepts_everything_and_decodes_plai
         prompt, max_new = tokens(prompt_len, seed=prompt_len), 3 * B
         plain, _ = generate(target, prompt, max_new, rule, eos_id=NO_EOS)
         out, stats = simsd_generate(target, drafter, prompt, max_new, rule, gamma=gamma,
-                                    eos_id=NO_EOS)
+                                    eos_id=NO_EOS, draft_threshold=None, draft_stop=None, **variant)
         assert out == plain and len(set(out)) > 2
         rounds = drafted_per_round(B, prompt_len % B, max_new, gamma)
         assert stats["accept_hist"] == dict(sorted(Counter(rounds).items()))
@@ -327,7 +333,8 @@ def test_a_target_drafting_for_itself_decodes_plainly(tiny_model):
     model = tiny_model(n_layer=1, block_size=B)
     prompt = tokens(10, seed=1)
     plain, _ = generate(model, prompt, 12, eos_id=NO_EOS)
-    out, stats = simsd_generate(model, model, prompt, 12, gamma=3, eos_id=NO_EOS)
+    out, stats = simsd_generate(model, model, prompt, 12, gamma=3, eos_id=NO_EOS,
+                                draft_threshold=None, draft_stop=None)
     rounds = drafted_per_round(B, len(prompt) % B, 12, 3)
     assert out == plain and stats["accept_hist"] == dict(sorted(Counter(rounds).items()))
 
@@ -349,6 +356,8 @@ def run_recorded(monkeypatch, target, drafter, prompt, max_new, **kwargs):
         return new, n
     monkeypatch.setattr(speculate, "verify", spy_verify)
     monkeypatch.setattr(speculate, "accept", spy_accept)
+    kwargs = dict(dict(verifier="temporal", acceptance="paper", draft_threshold=None,
+                       draft_stop=None), **kwargs)
     out, stats = simsd_generate(target, drafter, prompt, max_new, **kwargs)
     monkeypatch.undo()
     return out, stats, rounds
@@ -385,7 +394,8 @@ def test_ablations_run_and_return_the_requested_length(tiny_model):
     prompt = tokens(6, seed=4)
     for kwargs in (dict(rope_copy=False), dict(order="position"),
                    dict(order="position", rope_copy=False, gamma=2)):
-        out, stats = simsd_generate(target, drafter, prompt, 13, eos_id=NO_EOS, **kwargs)
+        out, stats = simsd_generate(target, drafter, prompt, 13, eos_id=NO_EOS, verifier="temporal",
+                                    acceptance="paper", **kwargs)
         assert len(out) == 13 and stats["tokens"] == 13 and MASK_ID not in out
 
 
@@ -444,3 +454,137 @@ def test_stats_count_every_forward(tiny_model, monkeypatch, fuse_commit, prompt_
     assert stats["nfe_draft"] == prefill + sum(r["drafted"] for r in rounds) + commits
     assert stats["accept_hist"] == dict(sorted(Counter(r["accepted"] for r in rounds).items()))
     assert any(r["accepted"] < r["drafted"] for r in rounds)
+
+
+# ============================================================================ exact verifier
+
+def perturbed(model, seed, scale=0.1):
+    """A drafter that mostly agrees with `model`: a copy with noise on its output head."""
+    drafter = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = drafter.lm_head.weight
+        w.add_(torch.randn(w.shape, generator=g) * scale * w.std())
+    return drafter
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampling"])
+@pytest.mark.parametrize("rule_kw", [dict(), dict(strategy="low_confidence_dynamic", threshold=0.6)],
+                         ids=["static", "threshold"])
+@pytest.mark.parametrize("B", [4, 8])
+def test_lossless_simsd_equals_plain_decoding(tiny_model, B, rule_kw, temperature):
+    """The target's rule walked through the drafter's exact states: plain decoding's tokens
+    (with the same seed when sampling), while drafts are both accepted and rejected."""
+    target = tiny_model(n_layer=2, block_size=B, seed=0)
+    drafter = perturbed(target, seed=1)
+    rule = DecodeRule(MASK_ID, B, temperature=temperature, **rule_kw)
+    hist = Counter()
+    for k, L in enumerate((3, B, 2 * B + 1, 5)):
+        prompt, max_new = tokens(L, seed=20 + k), 3 * B
+        plain, _ = generate(target, prompt, max_new, rule, eos_id=NO_EOS,
+                            generator=torch.Generator().manual_seed(k))
+        out, stats = simsd_generate(target, drafter, prompt, max_new, rule, acceptance="lossless",
+                                    draft_threshold=rule_kw.get("threshold"), eos_id=NO_EOS,
+                                    generator=torch.Generator().manual_seed(k))
+        assert out == plain, f"prompt {k}"
+        hist.update(stats["accept_hist"])
+    assert max(hist) >= 2 and hist[0] > 0, f"vacuous: accept histogram {dict(hist)}"
+
+
+def test_gated_acceptance_takes_sure_drafts_then_the_targets_own_step():
+    """Draft 1 (position 2) is not the target's top position but it is sure of it (0.95 > 0.9)
+    and agrees: accepted. Draft 2 (position 0) agrees but the target is unsure there and would
+    reveal position 3 first: the target's own step replaces it. The paper's rule (no gate)
+    accepts both and steps once more from the last state."""
+    B, V = 4, 8
+    rule = DecodeRule(MASK_ID, B)
+    block = torch.full((B,), MASK_ID)
+    d = Draft(pos=torch.tensor([2, 0]), tokens=torch.tensor([6, 7]),
+              p_draft=torch.full((2, V), 1.0 / V), tau=torch.tensor([1, 2]))
+    copies = d.states(block)
+    assert copies.tolist() == [[MASK_ID] * 4, [MASK_ID, MASK_ID, 6, MASK_ID], [7, MASK_ID, 6, MASK_ID]]
+
+    def row(tok, p):  # logits whose softmax puts p on tok and spreads the rest evenly
+        r = torch.full((V,), math.log((1 - p) / (V - 1)))
+        r[tok] = math.log(p)
+        return r
+    logits = torch.stack([torch.stack([row(7, 0.5), row(4, 0.99), row(6, 0.95), row(5, 0.5)]),
+                          torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)]),
+                          torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)])])
+    new, accepted, steps = speculate.accept_exact(logits, copies, d, 0, rule, gate=0.9)
+    assert (accepted, steps) == (1, 2) and new.tolist() == [MASK_ID, MASK_ID, 6, 5]
+    new, accepted, steps = speculate.accept_exact(logits, copies, d, 0, rule, gate=None)
+    assert (accepted, steps) == (2, 3) and new.tolist() == [7, MASK_ID, 6, 5]
+
+
+class FixedLogits(torch.nn.Module):
+    """A stand-in model for the decode loop: its distribution at block position i is table[i],
+    whatever the context. Enough of Transformer's interface for Session."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = table.log()                       # (B, V)
+        self.embed = torch.nn.Embedding(1, 1)          # Session reads the device off it
+
+    def setup_cache(self, max_len, batch=1):
+        pass
+
+    def forward(self, idx, pos, start=None, mask=None, keep=None):
+        return self.table[pos.view(-1)[idx.shape[1] - keep:] % len(self.table)][None]
+
+
+def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
+    """Two masked positions, gamma = 2, the real draft -> verify_copies -> accept_exact: every
+    committed token follows p_target at its position (chi-square), although the drafter's
+    distributions are far from it. When the drafter chose its position by the confidence of
+    the token it had just drawn, position 0 came out about [0.30, 0.21, 0.49] here."""
+    mask_id, B = 3, 2
+    p_draft = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.4, 0.35, 0.25, 0.0]])
+    p_target = torch.tensor([[0.2, 0.3, 0.5, 0.0], [0.3, 0.3, 0.4, 0.0]])
+    rule = DecodeRule(mask_id, B, temperature=1.0)
+    tsess = Session(FixedLogits(p_target), B, 0)
+    dsess = Session(FixedLogits(p_draft), B, 0)
+    block, pos, g = torch.full((B,), mask_id), torch.arange(B), torch.Generator().manual_seed(0)
+    first, second, drafted = [], [], []
+    for _ in range(6000):
+        d = speculate.draft(dsess, block, pos, rule, 2, generator=g)
+        copies = d.states(block)
+        new, accepted, _ = speculate.accept_exact(speculate.verify_copies(tsess, copies, pos),
+                                                  copies, d, 0, rule, None, g)
+        first.append(int(new[0])), drafted.append(int(d.tokens[0]))
+        if new[1] != mask_id:                          # position 1 was decided this round too
+            second.append(int(new[1]))
+    assert d.pos.tolist() == [0, 1]                    # the drafter's most confident first
+    critical = 13.816                                  # chi-square, 2 dof, alpha = 0.001
+    assert chi_square(torch.tensor(first), p_target[0]) < critical
+    assert chi_square(torch.tensor(second), p_target[1]) < critical and len(second) > 2000
+    assert chi_square(torch.tensor(drafted), p_target[0]) > critical   # the test has power
+
+
+def test_adaptive_drafting_drafts_several_a_forward_and_stops_when_unsure(tiny_model):
+    B = 8
+    drafter = tiny_model(n_layer=1, block_size=B, seed=3)
+    rule, block, pos = DecodeRule(MASK_ID, B), torch.full((B,), MASK_ID), torch.arange(B)
+    for kw, forwards, drafted in ((dict(), B, B), (dict(draft_threshold=1e-9), 1, B),
+                                  (dict(draft_stop=1.0), 1, 1), (dict(), 3, 3)):
+        sess = Session(drafter, B, 4 * B)
+        d = speculate.draft(sess, block, pos, rule, drafted if forwards == 3 else B, **kw)
+        assert (sess.nfe, len(d.pos)) == (forwards, drafted), kw
+        assert d.tau.tolist() == sorted(d.tau.tolist()) and len(set(d.pos.tolist())) == drafted
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(verifier="mask"), "unknown verifier"),
+    (dict(acceptance="strict"), "unknown acceptance rule"),
+    (dict(verifier="temporal", acceptance="lossless"), "needs the copies verifier"),
+    (dict(verifier="temporal", acceptance="gated"), "needs the copies verifier"),
+    (dict(rope_copy=False), "temporal verifier only"),
+    (dict(gate=0.0), "gate must be in"),
+    (dict(gate=1.5), "gate must be in"),
+    (dict(draft_threshold=-0.1), "draft_threshold must be in"),
+    (dict(draft_stop=2.0), "draft_stop must be in"),
+])
+def test_bad_variant_settings_raise(tiny_model, kwargs, message):
+    model = tiny_model(n_layer=1)
+    with pytest.raises(ValueError, match=message):
+        simsd_generate(model, copy.deepcopy(model), tokens(5), 8, **kwargs)

@@ -1,0 +1,49 @@
+"""Exact verification shared by the speculative decoders: ONE target forward over whole-block
+copies of guessed states, then plain decoding's rule walked through them.
+
+- verify_copies: the query is [X_t ; s_1 ; ... ; s_n], each copy a full block at the block's
+  own positions, attending to the cache and to itself only (mask.spiffy_copies). Attention is
+  block-causal, so a block never sees anything after it: each copy's logits are exactly the
+  target's in that state, at any depth.
+- walk: apply the decoding rule to X_t's logits; while the new state is one of the verified
+  copies, continue from that copy's logits. Every transition is plain decoding's, on exact
+  logits, with the random draws in plain decoding's order: the output is plain decoding's.
+Spiffy's copies come from its draft graph (spiffy.py), SimSD's from the drafter (speculate.py).
+"""
+import torch
+
+import mask as masks
+
+
+def verify_copies(sess, copies, pos):
+    """copies: (n, B) block states, copies[0] the current block; pos: (B,) its positions.
+    -> (n, B, V) logits, copy by copy."""
+    n, B = copies.shape
+    logits = sess.forward(copies.flatten(), pos.repeat(n),
+                          lambda c, k: masks.spiffy_copies(c, k, B), keep=n * B)
+    return logits.view(n, B, -1)
+
+
+def walk(logits, copies, step, rule, generator=None):
+    """Plain decoding through verified states. logits: (n, B, V) from verify_copies; step: the
+    rule's step index at copies[0]. -> the transitions taken, [(logits stepped from, new
+    state)], at least one; the last new state is where the round ends."""
+    path, i = [], 0
+    while True:
+        new = rule(logits[i], copies[i], step + len(path), generator)
+        path.append((logits[i], new))
+        hit = same_state(copies[1:], new) & (new == rule.mask_id).any()    # (n - 1,)
+        j = int(first_true(hit))                                           # host sync
+        if j == len(hit):
+            return path
+        i = j + 1
+
+
+def first_true(flags):
+    """Index of the first True in a 1-d bool tensor; len(flags) if there is none."""
+    return torch.cat([flags, flags.new_ones(1)]).int().argmax()
+
+
+def same_state(copies, state):
+    """(n, B) copies and a (B,) state -> (n,) bool: which copies are that state."""
+    return (copies == state).all(-1)

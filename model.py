@@ -185,8 +185,10 @@ class Transformer(nn.Module):
 
     def setup_cache(self, max_len, batch=1):
         """Allocate the static KV cache: max_len rows = committed blocks + scratch. A cache
-        allocated before is kept if it has room, so one cache serves every prompt of a run."""
+        allocated before is kept if it has room, so one cache serves every prompt of a run;
+        lengths round up to a power of two, so that a compiled forward sees few cache shapes."""
         p, old = self.embed.weight, self.layers[0].attn.cache
+        max_len = max(256, 1 << (max_len - 1).bit_length())
         if old is not None and old.k.shape[0] == batch and old.k.shape[2] >= max_len \
                 and old.k.dtype == p.dtype and old.k.device == p.device:
             return

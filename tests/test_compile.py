@@ -1,0 +1,51 @@
+"""Compiled decoding compiles once: after a short and a long warm-up prompt, prompts of other lengths run the
+graphs already compiled (the KV cache is allocated once and reused, masks capture tensors),
+for plain, threshold, SimSD and Spiffy decoding, with eager's tokens. The "eager" backend
+keeps the test fast; it runs dynamo's capture and guards, which is where recompiles come from.
+
+Run: python -m pytest tests/test_compile.py -q
+"""
+import copy
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from conftest import make_model
+from decode import DecodeRule, generate
+from model import PRESETS
+from speculate import simsd_generate
+from spiffy import calibrate, spiffy_generate
+
+MASK_ID, B = PRESETS["tiny"]["mask_token_id"], 4
+
+
+def prompt(n):
+    return torch.randint(4, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+
+
+@pytest.mark.parametrize("method", ["plain", "threshold", "simsd", "spiffy"])
+def test_compiled_decoding_does_not_recompile_after_warm_up(method):
+    target = make_model(n_layer=2, block_size=B, seed=0)
+    drafter = make_model(n_layer=1, block_size=B, seed=5)
+    rule = DecodeRule(MASK_ID, B, **(dict(strategy="low_confidence_dynamic", threshold=0.6)
+                                     if method == "threshold" else {}))
+    graph = calibrate(target, [prompt(5), prompt(11)], rule, 16, budget=6) if method == "spiffy" else None
+
+    def run(t, d, ids):
+        if method == "simsd":
+            return simsd_generate(t, d, ids, 12, rule, eos_id=-1)[0]
+        if method == "spiffy":
+            return spiffy_generate(t, ids, 12, rule, graph, 4, eos_id=-1)[0]
+        return generate(t, ids, 12, rule, eos_id=-1)[0]
+
+    lengths = [3, 9, 5, 6, 7, 10, 13, 17, 22, 30, 31, 34]     # warm-up: one short, one long
+    eager = [run(target, drafter, prompt(n)) for n in lengths]
+    torch._dynamo.reset()
+    ct, cd = copy.deepcopy(target), copy.deepcopy(drafter)
+    ct.compile(dynamic=True, backend="eager"), cd.compile(dynamic=True, backend="eager")
+    compiled = [run(ct, cd, prompt(n)) for n in lengths[:2]]        # warm-up
+    graphs = counters["stats"]["unique_graphs"]
+    compiled += [run(ct, cd, prompt(n)) for n in lengths[2:]]
+    assert counters["stats"]["unique_graphs"] == graphs and not counters["recompiles"]
+    assert compiled == eager

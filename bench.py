@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from decode import generate
+from decode import STRATEGIES, generate
 from prepare import extract_answer, problems
 from sample import DEFAULT_DRAFTER, DEFAULT_TARGET, check_block_size, load, make_rule
 from speculate import DRAFT_STOP, DRAFT_THRESHOLD, simsd_generate
@@ -87,10 +87,11 @@ def load_tasks(data, n, tok, chat):
     return [(tok.encode(tok.apply_chat_template(q) if chat else q), a) for q, a in items]
 
 
-def runner(method, target, drafter, B, graphs, draft_budget=8, **simsd):
-    """-> f(prompt ids, max_new_tokens, eos) -> (ids, stats) for one method at block size B."""
+def runner(method, target, drafter, B, graphs, draft_budget=8, strategy=None, **simsd):
+    """-> f(prompt ids, max_new_tokens, eos) -> (ids, stats) for one method at block size B;
+    `strategy` replaces the one-token rule of the methods without +threshold."""
     base, threshold = parse_method(method)
-    rule = make_rule(target, B, 0.9 if threshold else None)
+    rule = make_rule(target, B, 0.9 if threshold else None, strategy=None if threshold else strategy)
     if base in ("sdar", "plain"):
         return lambda ids, n, eos: generate(target, ids, n, rule, fuse_commit=base == "plain", eos_id=eos)
     if base in SIMSD:
@@ -176,7 +177,8 @@ def table(rows):
 
 def main(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, block_sizes=(4,), methods=METHODS,
          prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, repeats=1,
-         data=None, chat=False, sweep=None, ablate=(), draft_budget=8, out=None, **simsd_kw):
+         data=None, chat=False, sweep=None, ablate=(), draft_budget=8, out=None, strategy=None,
+         **simsd_kw):
     """simsd_kw: gate, draft_threshold, draft_stop for every SimSD method (speculate.py)."""
     for m in methods:
         parse_method(m)
@@ -210,6 +212,7 @@ def main(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, block_sizes=(4,), metho
             for g in gammas:
                 kw = dict(draft_budget=draft_budget) if base == "spiffy" else \
                     dict(gamma=g, **simsd_kw) if base in SIMSD else {}
+                kw["strategy"] = strategy
                 plan[(m if g is None else f"{m}(gamma={g})", B)] = (m, runner(m, tgt, drf, B, graphs, **kw))
             if base == "simsd-paper" and "rope-copy" in ablate:
                 plan[(f"{m}(no rope copy)", B)] = (m, runner(m, tgt, drf, B, graphs, rope_copy=False))
@@ -277,6 +280,8 @@ def parse_args(argv=None):
     ap.add_argument("--sweep", choices=["gamma"], default=None)
     ap.add_argument("--ablate", default="", help="comma-separated: rope-copy, order")
     ap.add_argument("--draft-budget", type=int, default=8, help="Spiffy's D*")
+    ap.add_argument("--strategy", default=None, choices=STRATEGIES,
+                    help="SDAR strategy for every method without +threshold (default: static)")
     ap.add_argument("--gate", type=float, default=0.9, help="simsd-gated: target confidence to accept")
     ap.add_argument("--draft-threshold", type=float, default=DRAFT_THRESHOLD,
                     help="simsd: the drafter also drafts every position above this confidence")
@@ -299,7 +304,8 @@ def parse_args(argv=None):
                 max_new_tokens=32 if a.quick else a.max_new_tokens, device=a.device,
                 dtype=a.dtype, compile=a.compile, repeats=a.repeats, data=a.data, chat=a.chat,
                 sweep=a.sweep, ablate=ablate, draft_budget=a.draft_budget, out=a.out,
-                gate=a.gate, draft_threshold=a.draft_threshold, draft_stop=a.draft_stop)
+                gate=a.gate, draft_threshold=a.draft_threshold, draft_stop=a.draft_stop,
+                strategy=a.strategy)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,17 @@ class DecodeRule:
     For every masked position a token is drawn from `probs` (temperature, then top-k / top-p;
     argmax when greedy) and scored by SDAR's confidence: the token's probability under the
     temperature-scaled softmax over the WHOLE vocabulary, mask token included, before top-k /
-    top-p. strategy "low_confidence_static" reveals the `steps`-quota most confident masked
-    positions; "low_confidence_dynamic" (Fast-dLLM's threshold rule) every position whose
-    confidence is strictly above `threshold`, and at least the static quota. Ties go to the
-    leftmost position, and a greedy token tie to the lowest id, everywhere in the project.
+    top-p. The strategy picks the positions to reveal (SDAR's names and parameters):
+      low_confidence_static   the `steps`-quota most confident masked positions;
+      low_confidence_dynamic  every position whose confidence is strictly above `threshold`
+                              (Fast-dLLM's threshold rule), and at least the static quota;
+      random                  the quota of positions drawn uniformly (SDAR's random remasking);
+      sequential              the quota of leftmost masked positions;
+      entropy_bounded         by increasing entropy of `probs`, the longest run whose summed
+                              entropy stays below `eb_threshold`, at least one (the EB-sampler;
+                              no quota).
+    Ties go to the leftmost position, and a greedy token tie to the lowest id, everywhere in
+    the project.
 
     A revealed token is never the mask token. SDAR's greedy path (top-k = 1 over the whole
     vocabulary) would commit the mask token where it is the most likely one, leaving that
@@ -35,6 +42,7 @@ class DecodeRule:
     strategy: str = "low_confidence_static"
     steps: int = None              # per block; default block_size (one token per step)
     threshold: float = 0.9
+    eb_threshold: float = 0.35     # entropy_bounded's bound on summed entropy (SDAR's default)
     temperature: float = 0.0       # 0: greedy
     top_k: int = None
     top_p: float = None
@@ -49,6 +57,9 @@ class DecodeRule:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 < self.threshold <= 1 or self.eb_threshold <= 0:
+            raise ValueError(f"threshold must be in (0, 1] and eb_threshold > 0, got "
+                             f"{self.threshold} and {self.eb_threshold}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         # SDAR splits the block evenly over the steps, the remainder going to the first steps
@@ -90,19 +101,29 @@ class DecodeRule:
         """logits: (B, V) for the block; block: (B,) with mask_id at unknown positions;
         step: index of this step within the block. Returns the next state of the block."""
         masked = (block == self.mask_id).nonzero().squeeze(-1)
-        tokens, confidence, _ = self.pick(logits[masked], generator)
+        tokens, confidence, p = self.pick(logits[masked], generator)
         quota = min(self.quota[min(step, self.steps - 1)], len(masked))
+        if self.strategy == "random":
+            confidence = torch.rand(len(masked), generator=generator, device=logits.device)
+        elif self.strategy == "sequential":
+            confidence = -masked.float()                               # leftmost first
+        elif self.strategy == "entropy_bounded":
+            confidence = (p * p.clamp(min=1e-30).log()).sum(-1)        # -entropy: surest first
         order = confidence.sort(descending=True, stable=True).indices   # ties: leftmost first
         reveal = order[:quota]
         if self.strategy == "low_confidence_dynamic":
             n_sure = int((confidence > self.threshold).sum())          # host sync
             reveal = order[:max(n_sure, quota)]
+        elif self.strategy == "entropy_bounded":
+            n_sure = int((-confidence[order]).cumsum(0).lt(self.eb_threshold).sum())  # host sync
+            reveal = order[:max(n_sure, 1)]
         block = block.clone()
         block[masked[reveal]] = tokens[reveal]
         return block
 
 
-STRATEGIES = ("low_confidence_static", "low_confidence_dynamic")
+STRATEGIES = ("low_confidence_static", "low_confidence_dynamic", "random", "sequential",
+              "entropy_bounded")
 
 
 class Session:

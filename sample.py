@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from decode import DecodeRule, generate
+from decode import STRATEGIES, DecodeRule, generate
 from model import Transformer
 from speculate import ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, VERIFIERS, simsd_generate
 from spiffy import graph_path, load_graph, spiffy_generate
@@ -48,26 +48,30 @@ def check_block_size(model, block_size, name):
 
 
 def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
-              steps=None):
-    """Plain decoding's rule: one token per step, or the threshold rule when threshold is set."""
+              steps=None, strategy=None, eb_threshold=0.35):
+    """Plain decoding's rule: SDAR's static one token per step by default, the threshold rule
+    (low_confidence_dynamic) when a threshold is given, or another of SDAR's strategies."""
+    if threshold is not None and strategy not in (None, "low_confidence_dynamic"):
+        raise ValueError(f"--threshold applies to the threshold rule, not --strategy {strategy}")
+    strategy = strategy or ("low_confidence_dynamic" if threshold else "low_confidence_static")
     B = block_size or model.config.block_size
-    return DecodeRule(model.config.mask_token_id, B, steps=steps,
-                      strategy="low_confidence_dynamic" if threshold else "low_confidence_static",
-                      threshold=threshold or 0.9, temperature=temperature, top_k=top_k, top_p=top_p)
+    return DecodeRule(model.config.mask_token_id, B, strategy=strategy, steps=steps,
+                      threshold=0.9 if threshold is None else threshold, eb_threshold=eb_threshold,
+                      temperature=temperature, top_k=top_k, top_p=top_p)
 
 
 def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER,
          block_size=None, gamma=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
          max_new_tokens=64, seed=0, device="cpu", dtype=None, compile=False, chat=False,
          graph=None, draft_budget=8, as_json=False, verifier="copies", acceptance="gated", gate=0.9,
-         draft_threshold=DRAFT_THRESHOLD, draft_stop=DRAFT_STOP):
+         draft_threshold=DRAFT_THRESHOLD, draft_stop=DRAFT_STOP, strategy=None, eb_threshold=0.35):
     if spec not in SPECS:
         raise ValueError(f"unknown --spec {spec!r}; choose from {', '.join(SPECS)}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but no GPU is available")
     dtype = getattr(torch, dtype) if dtype else None
     model, tok = load(target, device, dtype)
-    rule = make_rule(model, block_size, threshold, temperature, top_k, top_p)
+    rule = make_rule(model, block_size, threshold, temperature, top_k, top_p, None, strategy, eb_threshold)
     check_block_size(model, rule.block_size, "target")
     if compile:
         model.compile(dynamic=True)
@@ -135,6 +139,11 @@ def parse_args(argv=None):
                     help="simsd: stop drafting when the drafter's best confidence falls below this")
     ap.add_argument("--threshold", type=float, default=None,
                     help="use the threshold rule (low_confidence_dynamic) with this confidence")
+    ap.add_argument("--strategy", default=None, choices=STRATEGIES,
+                    help="SDAR's decoding strategy (default: low_confidence_static, or "
+                         "low_confidence_dynamic with --threshold)")
+    ap.add_argument("--eb-threshold", type=float, default=0.35,
+                    help="entropy_bounded: bound on the summed entropy of a step's reveals")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-k", type=int, default=None)
     ap.add_argument("--top-p", type=float, default=None)

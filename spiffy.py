@@ -78,7 +78,10 @@ def connected_top(nodes, score, budget, one_per_step):
 
 
 def one_per_step(rule):
-    return rule.strategy == "low_confidence_static" and rule.steps == rule.block_size
+    return rule.strategy in ONE_AT_A_TIME and rule.steps == rule.block_size
+
+
+ONE_AT_A_TIME = ("low_confidence_static", "random", "sequential")   # quota-only strategies
 
 
 def build_drafts(logits, state, graph, budget, rule):
@@ -130,7 +133,8 @@ def load_graph(path, rule):
 
 def graph_path(target_dir, rule):
     """Where the graph calibrated for `rule` lives: next to the target's weights."""
-    kind = f"t{rule.threshold:g}" if rule.strategy == "low_confidence_dynamic" else "static"
+    kind = {"low_confidence_static": "static", "low_confidence_dynamic": f"t{rule.threshold:g}",
+            "entropy_bounded": f"eb{rule.eb_threshold:g}"}.get(rule.strategy, rule.strategy)
     return Path(target_dir) / f"spiffy_graph_b{rule.block_size}_{kind}.json"
 
 
@@ -138,6 +142,8 @@ def graph_rule(rule):
     r = dict(block_size=rule.block_size, strategy=rule.strategy, steps=rule.steps)
     if rule.strategy == "low_confidence_dynamic":
         r["threshold"] = rule.threshold
+    if rule.strategy == "entropy_bounded":
+        r["eb_threshold"] = rule.eb_threshold
     return r
 
 

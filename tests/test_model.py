@@ -366,8 +366,12 @@ def test_bad_prompts_raise(tiny_model):
     (dict(top_k=0), "top_k must be >= 1"),
     (dict(steps=5), r"steps must be in \[1, block_size=4\]"),
     (dict(steps=0), r"steps must be in \[1, block_size=4\]"),
-    (dict(strategy="random"), "unknown strategy 'random'"),
-], ids=["temperature<0", "top_p=0", "top_p=1.5", "top_k=0", "steps>B", "steps=0", "strategy"])
+    (dict(strategy="margin"), "unknown strategy 'margin'"),
+    (dict(threshold=0.0), r"threshold must be in \(0, 1\]"),
+    (dict(threshold=1.5), r"threshold must be in \(0, 1\]"),
+    (dict(eb_threshold=0.0), "eb_threshold > 0"),
+], ids=["temperature<0", "top_p=0", "top_p=1.5", "top_k=0", "steps>B", "steps=0", "strategy",
+        "threshold=0", "threshold>1", "eb_threshold=0"])
 def test_bad_decode_rules_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DecodeRule(MASK_ID, 4, **kwargs)

@@ -1,0 +1,111 @@
+"""Tests for decode.py's DecodeRule against SDAR's own decoder and its stated semantics.
+
+- The embedded target decodes exactly as SDAR's block_diffusion_generate does: the fixture
+  holds SDAR's outputs and forward counts (greedy, static and threshold, B = 4 / 8 / 32,
+  prompts off the block grid; how it was produced is in its "produced_by" field and the
+  README); SDAR's code is not in this repository.
+- Constructed cases for what the fixture cannot tell apart: the confidence counts the mask
+  token, the threshold is strict, and each strategy reveals what it says.
+
+Run: python -m pytest tests/test_decode.py -q
+"""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from decode import DecodeRule, generate
+from model import Transformer
+
+ROOT = Path(__file__).resolve().parents[1]
+SDAR = json.loads((Path(__file__).parent / "fixtures" / "sdar_reference.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def target():
+    return Transformer.from_pretrained(ROOT / "models/target", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("B", [4, 8, 32])
+@pytest.mark.parametrize("threshold", [1.0, 0.9], ids=["static", "threshold"])
+def test_generate_matches_sdars_own_decoder(target, B, threshold):
+    runs = [r for r in SDAR["runs"] if r["block_size"] == B and r["threshold"] == threshold]
+    assert len(runs) == 24 and all(len(r["prompt_ids"]) % B for r in runs)
+    rule = DecodeRule(target.config.mask_token_id, B, strategy="low_confidence_static"
+                      if threshold == 1.0 else "low_confidence_dynamic", threshold=threshold)
+    for r in runs:
+        out, st = generate(target, r["prompt_ids"], SDAR["max_new_tokens"], rule, fuse_commit=False)
+        assert (out, st["nfe"]) == (r["tokens"], r["nfe"])
+        fused, st_fused = generate(target, r["prompt_ids"], SDAR["max_new_tokens"], rule)
+        n_blocks = math.ceil((len(r["prompt_ids"]) % B + len(out) + 1) / B)   # + 1: the EOS
+        assert fused == out and st_fused["nfe"] == r["nfe"] - n_blocks
+
+
+MASK, V = 3, 6
+
+
+def rows(*dists):
+    """(n, V) logits whose softmax is each given distribution (zeros become -inf)."""
+    return torch.tensor(dists).log()
+
+
+def test_confidence_counts_the_mask_token_as_sdar_does():
+    """Position 0 is sure of token 0 among real tokens (0.9 of their mass) but the mask token
+    takes most of its softmax; position 1 is 0.6 sure. SDAR's confidence (whole vocabulary)
+    reveals position 1 first; renormalising without the mask would reveal position 0."""
+    logits = rows([0.09, 0.005, 0.005, 0.9, 0.0, 0.0], [0.6, 0.2, 0.1, 0.0, 0.05, 0.05])
+    rule = DecodeRule(MASK, 2)
+    assert rule(logits, torch.tensor([MASK, MASK]), 0).tolist() == [MASK, 0]
+    assert rule.probs(logits)[0, 0] == pytest.approx(0.9)      # drawn from: mask removed
+
+
+def test_a_token_is_never_the_mask_token():
+    logits = rows([0.1, 0.05, 0.05, 0.8, 0.0, 0.0])
+    new = DecodeRule(MASK, 1)(logits, torch.tensor([MASK]), 0)
+    assert new.tolist() == [0]
+
+
+def test_threshold_is_strict():
+    logits = rows([0.9, 0.1, 0, 0, 0, 0], [0.95, 0.05, 0, 0, 0, 0], [0.5, 0.5, 0, 0, 0, 0])
+    block = torch.tensor([MASK] * 3)
+    rule = DecodeRule(MASK, 3, strategy="low_confidence_dynamic", threshold=0.9)
+    assert rule(logits, block, 0).tolist() == [MASK, 0, MASK]      # 0.9 is not > 0.9
+
+
+def test_ties_go_to_the_leftmost_position():
+    logits = rows(*[[0.5, 0.5, 0, 0, 0, 0]] * 4)
+    new = DecodeRule(MASK, 4)(logits, torch.tensor([5, MASK, MASK, MASK]), 0)
+    assert new.tolist() == [5, 0, MASK, MASK]
+
+
+def test_sequential_reveals_the_leftmost_masks_whatever_the_confidence():
+    logits = rows([0.2, 0.8, 0, 0, 0, 0], [0.4, 0.6, 0, 0, 0, 0], [1.0, 0, 0, 0, 0, 0], [1.0, 0, 0, 0, 0, 0])
+    rule = DecodeRule(MASK, 4, strategy="sequential", steps=2)                # quota 2
+    assert rule(logits, torch.tensor([4, MASK, MASK, MASK]), 0).tolist() == [4, 1, 0, MASK]
+
+
+def test_entropy_bounded_reveals_the_surest_run_under_the_bound():
+    sure, fair, split = [0.99, 0.01, 0, 0, 0, 0], [0.9, 0.1, 0, 0, 0, 0], [0.5, 0.5, 0, 0, 0, 0]
+    logits = rows(split, sure, fair, sure)
+    h = lambda p: -sum(x * math.log(x) for x in p if x)
+    assert 2 * h(sure) < 0.35 < 2 * h(sure) + h(fair)                          # SDAR's 0.35
+    rule = DecodeRule(MASK, 4, strategy="entropy_bounded")
+    assert rule(logits, torch.tensor([MASK] * 4), 0).tolist() == [MASK, 0, MASK, 0]
+    # nothing under the bound: still one token, the surest
+    assert DecodeRule(MASK, 4, strategy="entropy_bounded", eb_threshold=1e-6)(
+        logits, torch.tensor([MASK] * 4), 0).tolist() == [MASK, 0, MASK, MASK]
+
+
+def test_random_reveals_the_quota_at_positions_drawn_from_the_generator():
+    logits = rows(*[[0.7, 0.3, 0, 0, 0, 0]] * 8)
+    rule = DecodeRule(MASK, 8, strategy="random", steps=4)                    # quota 2
+    block = torch.full((8,), MASK)
+    seen = set()
+    for seed in range(20):
+        new = rule(logits, block, 0, torch.Generator().manual_seed(seed))
+        again = rule(logits, block, 0, torch.Generator().manual_seed(seed))
+        assert torch.equal(new, again) and int((new != MASK).sum()) == 2
+        seen |= set((new != MASK).nonzero().flatten().tolist())
+    assert len(seen) == 8

@@ -289,6 +289,10 @@ def parse_args(argv=None):
                     help="simsd: stop drafting when the drafter's best confidence is below this")
     ap.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens: a smoke test")
     ap.add_argument("--out", default=None, help="also save the JSON here")
+    ap.add_argument("--speed-of-light", metavar="MODEL", default=None,
+                    help="instead: time one decode forward and the decode loop of a random model "
+                         "shaped like MODEL (a preset such as sdar-8b, or a checkpoint directory) "
+                         "against the memory-bandwidth floor (sol.py)")
     a = ap.parse_args(argv)
     try:
         block_sizes = tuple(int(b) for b in a.block_size.split(","))
@@ -305,11 +309,17 @@ def parse_args(argv=None):
                 dtype=a.dtype, compile=a.compile, repeats=a.repeats, data=a.data, chat=a.chat,
                 sweep=a.sweep, ablate=ablate, draft_budget=a.draft_budget, out=a.out,
                 gate=a.gate, draft_threshold=a.draft_threshold, draft_stop=a.draft_stop,
-                strategy=a.strategy)
+                strategy=a.strategy, speed_of_light=a.speed_of_light)
 
 
 if __name__ == "__main__":
     try:
-        sys.exit(main(**parse_args()))
+        kw = parse_args()
+        if kw["speed_of_light"]:
+            from sol import speed_of_light
+            speed_of_light(kw["speed_of_light"], kw["device"], getattr(torch, kw["dtype"] or "float32"),
+                           kw["compile"])
+            sys.exit(0)
+        sys.exit(main(**{k: v for k, v in kw.items() if k != "speed_of_light"}))
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")

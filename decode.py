@@ -129,7 +129,9 @@ STRATEGIES = ("low_confidence_static", "low_confidence_dynamic", "random", "sequ
 class Session:
     """A model's decoding cursor over its KV cache: `committed` rows are final; a finished
     block waits in `pending` until the next forward carries it in as extra queries (fused
-    commit), or is written at once by its own forward (SDAR's separate commit)."""
+    commit), or is written at once by its own forward (SDAR's separate commit). Both give the
+    same tokens in exact arithmetic and in fp32 (tested); in bf16 the fused forward's other
+    shape rounds differently, so a near-tie can differ from SDAR's loop."""
 
     def __init__(self, model, block_size, max_len, fuse_commit=True):
         self.model, self.block_size, self.fuse_commit = model, block_size, fuse_commit

@@ -23,7 +23,8 @@ Design notes, section 3 (after the SimSD paper). Per round, on the current block
             above `gate`) and agrees as in "paper"; where it is not sure, the target takes its
             own decoding step (static or threshold) from that state and the round ends.
           "lossless" (copies only): the target's own rule walked through the drafter's states
-            (verify.walk, as in Spiffy): output identical to plain decoding, token for token.
+            (verify.walk, as in Spiffy): output identical to plain decoding, token for token
+            in fp32 (bf16 rounding: see verify.py).
   commit  the accepted positions become known (any subset of the block, not only a left
           prefix); draft again until the block is full, then commit it to both caches.
 

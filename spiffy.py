@@ -16,6 +16,7 @@ block's future states, built from the target's own last distribution.
     node, continue from that node's logits.
 Every transition applies the plain decoding rule to the exact logits of the exact state, with
 the random draws in the same order, so the output is plain decoding's, token for token.
+(Exact in exact arithmetic, token for token in fp32; bf16 rounding: see verify.py.)
 
     python spiffy.py --calibrate            # models/target/spiffy_graph_b{4,8,32}_{static,t0.9}.json
     python sample.py --spec spiffy

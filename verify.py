@@ -8,6 +8,9 @@ copies of guessed states, then plain decoding's rule walked through them.
 - walk: apply the decoding rule to X_t's logits; while the new state is one of the verified
   copies, continue from that copy's logits. Every transition is plain decoding's, on exact
   logits, with the random draws in plain decoding's order: the output is plain decoding's.
+"Lossless" is exact in exact arithmetic and token for token in fp32 (tested). In bf16 a
+copy's logits come from a forward of another shape than plain decoding's, which rounds
+differently, so a near-tie can go the other way: bench.py reports the agreement rate there.
 Spiffy's copies come from its draft graph (spiffy.py), SimSD's from the drafter (speculate.py).
 """
 import torch

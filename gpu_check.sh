@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The GPU check in one command (about 10 minutes on one H200): the test suite with the CUDA
+# tests, the bench on the embedded pair compiled in bf16, and the speed-of-light figure of an
+# SDAR-8B-shaped model. Figures go to stdout and, as JSON, to ${OUT:-.}.
+set -uo pipefail
+cd "$(dirname "$0")"
+out=${OUT:-.}
+python -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+python -m pytest -q tests/test_cuda.py tests/test_model.py tests/test_speculate.py tests/test_spiffy.py
+python bench.py --device cuda --dtype bfloat16 --compile --block-size 4,8,32 --prompts 40 \
+    --methods sdar,plain,threshold,simsd,simsd-lossless,spiffy,spiffy+threshold --out "$out/gpu_bench.json"
+python bench.py --speed-of-light sdar-8b --device cuda --dtype bfloat16 | tee "$out/gpu_sol.txt"

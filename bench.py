@@ -6,8 +6,8 @@ low_confidence_dynamic at 0.9, and compares it with `threshold` instead of `plai
   plain             the same with the commit fused into the next block's first forward
   threshold         the threshold rule, fused commit
   simsd             SimSD as `sample.py --spec simsd` runs it (= simsd-gated)
-  simsd-paper       the paper's: temporal-mask verifier, accept on agreement along tau
-  simsd-exact       the drafter's states verified exactly (block copies), the paper's acceptance
+  simsd-paper       the paper's: gamma = B drafts, temporal-mask verifier, accept on agreement
+  simsd-exact       the same drafts verified exactly (block copies), the paper's acceptance
   simsd-gated       exact states, accepted only where the target is sure (keeps its answers)
   simsd-lossless    exact states, plain decoding's rule walked through them (must equal plain)
   spiffy            Spiffy, draft graphs instead of a drafter (lossless: must equal plain)
@@ -49,10 +49,13 @@ from speculate import DRAFT_STOP, DRAFT_THRESHOLD, simsd_generate
 from spiffy import calibrate, graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer
 
-SIMSD = {  # name -> (verifier, acceptance); "simsd" is sample.py's default
-    "simsd": ("copies", "gated"), "simsd-paper": ("temporal", "paper"),
-    "simsd-exact": ("copies", "paper"), "simsd-gated": ("copies", "gated"),
-    "simsd-lossless": ("copies", "lossless")}
+PAPER_DRAFTS = dict(draft_threshold=None, draft_stop=None)   # gamma = B drafts, one a forward
+SIMSD = {  # name -> simsd_generate settings; "simsd" is sample.py's default
+    "simsd": dict(verifier="copies", acceptance="gated"),
+    "simsd-paper": dict(verifier="temporal", acceptance="paper", **PAPER_DRAFTS),
+    "simsd-exact": dict(verifier="copies", acceptance="paper", **PAPER_DRAFTS),
+    "simsd-gated": dict(verifier="copies", acceptance="gated"),
+    "simsd-lossless": dict(verifier="copies", acceptance="lossless")}
 BASES = ("sdar", "plain", *SIMSD, "spiffy")
 METHODS = ("sdar", "plain", "threshold", "simsd", "simsd+threshold", "spiffy", "spiffy+threshold")
 LOSSLESS = ("sdar", "simsd-lossless", "spiffy")   # exact in exact arithmetic: must equal plain
@@ -95,9 +98,8 @@ def runner(method, target, drafter, B, graphs, draft_budget=8, strategy=None, **
     if base in ("sdar", "plain"):
         return lambda ids, n, eos: generate(target, ids, n, rule, fuse_commit=base == "plain", eos_id=eos)
     if base in SIMSD:
-        verifier, acceptance = SIMSD[base]
-        return lambda ids, n, eos: simsd_generate(target, drafter, ids, n, rule, verifier, acceptance,
-                                                  eos_id=eos, **simsd)
+        kw = {**simsd, **SIMSD[base]}
+        return lambda ids, n, eos: simsd_generate(target, drafter, ids, n, rule, eos_id=eos, **kw)
     graph = graphs(rule)
     return lambda ids, n, eos: spiffy_generate(target, ids, n, rule, graph, draft_budget, eos_id=eos)
 

@@ -99,27 +99,30 @@ class DecodeRule:
 
     def __call__(self, logits, block, step, generator=None):
         """logits: (B, V) for the block; block: (B,) with mask_id at unknown positions;
-        step: index of this step within the block. Returns the next state of the block."""
-        masked = (block == self.mask_id).nonzero().squeeze(-1)
-        tokens, confidence, p = self.pick(logits[masked], generator)
-        quota = min(self.quota[min(step, self.steps - 1)], len(masked))
+        step: index of this step within the block. Returns the next state of the block.
+        No host sync: every position is scored and ranked, the known ones last."""
+        masked = block == self.mask_id                                  # (B,)
+        tokens, confidence, p = self.pick(logits, generator)             # (B,) each
         if self.strategy == "random":
-            confidence = torch.rand(len(masked), generator=generator, device=logits.device)
+            score = torch.rand(len(block), generator=generator, device=block.device)
         elif self.strategy == "sequential":
-            confidence = -masked.float()                               # leftmost first
+            score = -torch.arange(len(block), device=block.device, dtype=torch.float)  # leftmost
         elif self.strategy == "entropy_bounded":
-            confidence = (p * p.clamp(min=1e-30).log()).sum(-1)        # -entropy: surest first
-        order = confidence.sort(descending=True, stable=True).indices   # ties: leftmost first
-        reveal = order[:quota]
+            score = (p * p.clamp(min=1e-30).log()).sum(-1)               # -entropy: surest first
+        else:
+            score = confidence
+        score = score.masked_fill(~masked, -math.inf)
+        order = score.sort(descending=True, stable=True).indices         # ties: leftmost first
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order), device=order.device)
+        reveal = rank < self.quota[min(step, self.steps - 1)]
         if self.strategy == "low_confidence_dynamic":
-            n_sure = int((confidence > self.threshold).sum())          # host sync
-            reveal = order[:max(n_sure, quota)]
-        elif self.strategy == "entropy_bounded":
-            n_sure = int((-confidence[order]).cumsum(0).lt(self.eb_threshold).sum())  # host sync
-            reveal = order[:max(n_sure, 1)]
-        block = block.clone()
-        block[masked[reveal]] = tokens[reveal]
-        return block
+            reveal |= confidence > self.threshold
+        elif self.strategy == "entropy_bounded":                         # the run under the bound
+            reveal = rank.new_zeros(len(rank), dtype=torch.bool)
+            reveal[order] = (-score[order]).cumsum(0) < self.eb_threshold
+            reveal |= rank == 0
+        return torch.where(reveal & masked, tokens, block)
 
 
 STRATEGIES = ("low_confidence_static", "low_confidence_dynamic", "random", "sequential",

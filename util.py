@@ -1,0 +1,50 @@
+"""What every script shares: bad input as one line `error: ...`, JSON files read with their
+name in every error, and writes that are never left half-done. No torch here: prepare.py
+imports it too."""
+import argparse
+import json
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr, like every other bad input."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message}\n")
+
+
+def run(main):
+    """Call main(); bad input (ValueError, OSError) ends the process with one line and no
+    traceback, after the tools have checked it before printing or writing anything."""
+    try:
+        return main()
+    except (ValueError, OSError) as e:
+        sys.exit("error: " + " ".join(str(e).split()))  # a library's message may span lines
+
+
+def read_json(path):
+    """The JSON object in `path`; a file that is not one raises a ValueError naming it."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"malformed JSON in {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+@contextmanager
+def atomic_write(path):
+    """Yield a temporary path next to `path` to write to. If the block finishes, one rename
+    puts the file in place; if it raises (or is interrupted), the temporary file is removed.
+    Readers see the old file or the new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # same directory: rename is atomic
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

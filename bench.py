@@ -15,7 +15,8 @@ fraction of the limit B: one forward a block), mean accepted per round, accuracy
 speedups over `sdar` and `plain` measured in this run. Greedy. Warm-up is timed apart; clocks
 are read after a CUDA synchronise; wall time is the median over --repeats. The last line of
 stdout is one JSON object. Exit status 1 if a lossless method's output differs from its
-plain counterpart.
+plain counterpart. Flags, checkpoints, graphs, --data and --out are checked before the first
+prompt runs.
 
     python bench.py                        # embedded models, B=4, 100 held-out problems
     python bench.py --block-size 4,32 --prompts 200 --out results.json
@@ -33,9 +34,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import util
 from decode import generate
 from prepare import extract_answer, problems
-from sample import DEFAULT_DRAFTER, DEFAULT_TARGET, check_block_size, load, make_rule
+from sample import (DEFAULT_DRAFTER, DEFAULT_TARGET, check_block_size, check_device,
+                    check_positive, check_used, load, make_rule)
 from speculate import simsd_generate
 from spiffy import calibrate, graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer
@@ -53,13 +56,22 @@ def load_tasks(data, n, tok, chat):
         path = Path(data)
         if not path.is_file():
             raise FileNotFoundError(f"--data file {path} not found")
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()[:n]
+        except UnicodeDecodeError:
+            raise ValueError(f"--data file {path} is not UTF-8 text") from None
         items = []
-        for k, line in enumerate(path.read_text().splitlines()[:n]):
+        for k, line in enumerate(lines):
             try:
                 rec = json.loads(line)
-                items.append((rec["question"], extract_answer(str(rec["answer"]))))
+                item = (rec["question"], extract_answer(str(rec["answer"])))
             except (ValueError, KeyError, TypeError):
                 raise ValueError(f"{path}:{k + 1}: not a JSON object with 'question' and 'answer'") from None
+            if not isinstance(item[0], str) or not item[0] or item[1] is None:
+                raise ValueError(f"{path}:{k + 1}: the question must be text and the answer must hold a number")
+            items.append(item)
+        if not items:
+            raise ValueError(f"--data file {path} holds no problems")
     return [(tok.encode(tok.apply_chat_template(q) if chat else q), a) for q, a in items]
 
 
@@ -141,14 +153,37 @@ def table(rows):
     return "\n".join([line([c for c, _ in cols])] + [line(x) for x in cells])
 
 
-def main(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, block_sizes=(4,), methods=METHODS,
-         prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, repeats=1,
-         data=None, chat=False, sweep=None, ablate=(), draft_budget=8, out=None):
+def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, drafter, sweep,
+               ablate, draft_budget, out):
+    """Every flag, before any file is read: ranges, --out writable, no flag left unused."""
     unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but no GPU is available")
+    if unknown or not methods:
+        raise ValueError(f"unknown method(s) {', '.join(map(repr, unknown))}; choose from {', '.join(METHODS)}")
+    if len(set(methods)) < len(methods) or len(set(block_sizes)) < len(block_sizes):
+        raise ValueError("a method or block size is listed twice")
+    for B in block_sizes:
+        check_positive(block_size=B)
+    check_positive(prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats,
+                   draft_budget=draft_budget)
+    if set(ablate) - {"rope-copy", "order"}:
+        raise ValueError(f"unknown --ablate {','.join(ablate)}; choose from rope-copy, order")
+    check_device(device)
+    spiffy = ["spiffy", "spiffy+threshold"]
+    check_used(methods, f"--methods {','.join(methods)}",
+               dict(drafter=["simsd"], sweep=["simsd"], ablate=["simsd"], draft_budget=spiffy),
+               drafter=drafter, sweep=sweep, ablate=ablate or None, draft_budget=draft_budget)
+    if out:
+        util.check_writable(out, "--out")
+
+
+def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
+         prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, repeats=1,
+         data=None, chat=False, sweep=None, ablate=(), draft_budget=None, out=None):
+    """drafter, sweep, ablate (simsd), draft_budget (spiffy): None/() = the default, and an
+    error when none of the methods uses them."""
+    check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, drafter, sweep,
+               ablate, draft_budget, out)
+    drafter, draft_budget = drafter or DEFAULT_DRAFTER, draft_budget or 8
     dtype = getattr(torch, dtype) if dtype else None
     tgt, tok = load(target, device, dtype)
     drf = None
@@ -169,18 +204,20 @@ def main(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, block_sizes=(4,), metho
     plan = []
     for B in block_sizes:
         for m in methods:
-            gammas = sorted({1, 2, B // 2, B}) if (m == "simsd" and sweep == "gamma") else [None]
+            sweep_gammas = sorted({g for g in (1, 2, B // 2, B) if 1 <= g <= B})
+            gammas = sweep_gammas if (m == "simsd" and sweep == "gamma") else [None]
             plan += [(m, B, dict(gamma=g), m if g is None else f"simsd(gamma={g})") for g in gammas]
         if "simsd" in methods:
             if "rope-copy" in ablate:
                 plan.append(("simsd", B, dict(rope_copy=False), "simsd(no rope copy)"))
             if "order" in ablate:
                 plan.append(("simsd", B, dict(order="position"), "simsd(position order)"))
+    runs = [runner(method, tgt, drf, B, graphs, **(dict(draft_budget=draft_budget)
+                                                   if method.startswith("spiffy") else kw))
+            for method, B, kw, name in plan]           # loads every graph before the first run
     bar = tqdm(total=len(plan) * len(tasks) * repeats, desc="bench", file=sys.stderr)
     outputs = {}
-    for method, B, kw, name in plan:
-        extra = dict(draft_budget=draft_budget) if method.startswith("spiffy") else kw
-        run = runner(method, tgt, drf, B, graphs, **extra)
+    for (method, B, kw, name), run in zip(plan, runs):
         t0 = time.perf_counter()
         run(tasks[0][0], max_new_tokens, tok.eos_id)              # warm-up (and compile)
         warmup = time.perf_counter() - t0
@@ -214,15 +251,16 @@ def main(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, block_sizes=(4,), metho
                   results=rows, lossless_ok=not failed, dynamo=dynamo, notes=notes,
                   date=time.strftime("%Y-%m-%d"))
     if out:
-        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+        with util.atomic_write(out) as tmp:
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
     return 1 if failed else 0
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(DEFAULT_TARGET))
-    ap.add_argument("--drafter", default=str(DEFAULT_DRAFTER))
+    ap.add_argument("--drafter", default=None, help=f"simsd's drafter (default {DEFAULT_DRAFTER})")
     ap.add_argument("--block-size", default="4", help="comma-separated list, e.g. 4,32")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
     ap.add_argument("--prompts", type=int, default=100)
@@ -235,7 +273,7 @@ def parse_args(argv=None):
     ap.add_argument("--chat", action="store_true", help="ChatML prompts (chat checkpoints)")
     ap.add_argument("--sweep", choices=["gamma"], default=None)
     ap.add_argument("--ablate", default="", help="comma-separated: rope-copy, order")
-    ap.add_argument("--draft-budget", type=int, default=8, help="Spiffy's D*")
+    ap.add_argument("--draft-budget", type=int, default=None, help="Spiffy's D* (default 8)")
     ap.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens: a smoke test")
     ap.add_argument("--out", default=None, help="also save the JSON here")
     a = ap.parse_args(argv)
@@ -244,10 +282,6 @@ def parse_args(argv=None):
     except ValueError:
         raise ValueError(f"--block-size must be comma-separated integers, got {a.block_size!r}") from None
     ablate = tuple(x for x in a.ablate.split(",") if x)
-    if set(ablate) - {"rope-copy", "order"}:
-        raise ValueError(f"unknown --ablate {a.ablate!r}; choose from rope-copy, order")
-    if a.prompts < 1 or a.repeats < 1 or a.max_new_tokens < 1:
-        raise ValueError("--prompts, --repeats and --max-new-tokens must be >= 1")
     return dict(target=a.target, drafter=a.drafter, block_sizes=block_sizes,
                 methods=tuple(a.methods.split(",")), prompts=4 if a.quick else a.prompts,
                 max_new_tokens=32 if a.quick else a.max_new_tokens, device=a.device,
@@ -256,7 +290,4 @@ def parse_args(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(**parse_args()))
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    sys.exit(util.run(lambda: main(**parse_args())))

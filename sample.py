@@ -8,15 +8,17 @@
 
 Text is printed block by block as it is committed, then a one-line summary; with --json the
 last line is one JSON object (text, token_ids, nfe_target, nfe_draft, tokens_per_s, ...).
+Flags, checkpoints, tokenizers and graphs are all checked before anything is printed: bad
+input is one line `error: ...` on stderr and a non-zero exit status.
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-from decode import DecodeRule, generate
+import util
+from decode import DecodeRule, check_prompt, generate
 from model import Transformer
 from speculate import simsd_generate
 from spiffy import graph_path, load_graph, spiffy_generate
@@ -47,31 +49,94 @@ def check_block_size(model, block_size, name):
         raise ValueError(f"{name} was trained for block size(s) {list(supported)}, not {block_size}")
 
 
+def check_device(device):
+    """A device this code runs on (cpu or cuda), and a GPU when one is asked for."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unknown --device {device!r}; use cpu or cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device} is not supported; use cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda asked for, but no GPU is available")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: there are only {torch.cuda.device_count()} GPU(s)")
+
+
+def check_positive(**flags):
+    """Every flag given (not None) must be an integer >= 1."""
+    for name, value in flags.items():
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def check_used(methods, chosen, owners, **given):
+    """Refuse a flag given explicitly (not None) that none of `methods` reads; owners: flag ->
+    the methods that read it; chosen: how the user picked the methods, for the message."""
+    for name, value in given.items():
+        if value is not None and not set(methods) & set(owners[name]):
+            raise ValueError(f"--{name.replace('_', '-')} does nothing with {chosen} (it is for "
+                             f"{', '.join(owners[name])})")
+
+
+def check_args(spec, block_size, gamma, threshold, temperature, top_k, top_p, max_new_tokens,
+               device, drafter, graph, draft_budget):
+    """Every flag, before any file is read: the flags' own ranges, and no flag the method ignores."""
+    if spec not in SPECS:
+        raise ValueError(f"unknown --spec {spec!r}; choose from {', '.join(SPECS)}")
+    check_positive(block_size=block_size, gamma=gamma, top_k=top_k, max_new_tokens=max_new_tokens,
+                   draft_budget=draft_budget)
+    if threshold is not None and not 0 < threshold <= 1:
+        raise ValueError(f"--threshold must be in (0, 1], got {threshold}")
+    if not temperature >= 0:  # (NaN fails too)
+        raise ValueError(f"--temperature must be >= 0, got {temperature}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {top_p}")
+    check_device(device)
+    check_used([spec], f"--spec {spec}", dict(gamma=["simsd"], drafter=["simsd"], graph=["spiffy"],
+                                              draft_budget=["spiffy"]),
+               gamma=gamma, drafter=drafter, graph=graph, draft_budget=draft_budget)
+
+
 def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
               steps=None):
     """Plain decoding's rule: one token per step, or the threshold rule when threshold is set."""
     B = block_size or model.config.block_size
+    dynamic = threshold is not None
     return DecodeRule(model.config.mask_token_id, B, steps=steps,
-                      strategy="low_confidence_dynamic" if threshold else "low_confidence_static",
-                      threshold=threshold or 0.9, temperature=temperature, top_k=top_k, top_p=top_p)
+                      strategy="low_confidence_dynamic" if dynamic else "low_confidence_static",
+                      threshold=threshold if dynamic else 0.9, temperature=temperature,
+                      top_k=top_k, top_p=top_p)
 
 
-def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER,
+def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=None,
          block_size=None, gamma=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
          max_new_tokens=64, seed=0, device="cpu", dtype=None, compile=False, chat=False,
-         graph=None, draft_budget=8, as_json=False):
-    if spec not in SPECS:
-        raise ValueError(f"unknown --spec {spec!r}; choose from {', '.join(SPECS)}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but no GPU is available")
+         graph=None, draft_budget=None, as_json=False):
+    """drafter, gamma (simsd), graph, draft_budget (spiffy): None = the default, and an error
+    when given to a method that does not use them."""
+    check_args(spec, block_size, gamma, threshold, temperature, top_k, top_p, max_new_tokens,
+               device, drafter, graph, draft_budget)
     dtype = getattr(torch, dtype) if dtype else None
     model, tok = load(target, device, dtype)
     rule = make_rule(model, block_size, threshold, temperature, top_k, top_p)
     check_block_size(model, rule.block_size, "target")
-    if compile:
-        model.compile(dynamic=True)
     text = tok.apply_chat_template(prompt) if chat else prompt
     ids = tok.encode(text)
+    check_prompt(ids, model.config, max_new_tokens, device)
+    if spec == "simsd":
+        draft_model, draft_tok = load(drafter or DEFAULT_DRAFTER, device, dtype)
+        check_same_tokenizer(draft_tok, tok)
+        check_block_size(draft_model, rule.block_size, "drafter")
+        if (draft_model.config.vocab_size, draft_model.config.mask_token_id) != \
+                (model.config.vocab_size, model.config.mask_token_id):
+            raise ValueError("drafter and target differ in vocabulary size or mask token id")
+    if spec == "spiffy":
+        g = load_graph(graph or graph_path(target, rule), rule)
+    if compile:
+        model.compile(dynamic=True)
+        if spec == "simsd":
+            draft_model.compile(dynamic=True)
     shown = []
 
     def on_block(new):  # print as blocks are committed (decode the whole text: multi-byte pieces)
@@ -86,15 +151,10 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=DEF
     if spec == "none":
         out, stats = generate(model, ids, max_new_tokens, **kw)
     elif spec == "simsd":
-        draft_model, draft_tok = load(drafter, device, dtype)
-        check_same_tokenizer(draft_tok, tok)
-        check_block_size(draft_model, rule.block_size, "drafter")
-        if compile:
-            draft_model.compile(dynamic=True)
         out, stats = simsd_generate(model, draft_model, ids, max_new_tokens, gamma=gamma, **kw)
     else:
-        g = load_graph(graph or graph_path(target, rule), rule)
-        out, stats = spiffy_generate(model, ids, max_new_tokens, graph=g, draft_budget=draft_budget, **kw)
+        out, stats = spiffy_generate(model, ids, max_new_tokens, graph=g,
+                                     draft_budget=draft_budget or 8, **kw)
     nfe_draft = stats.get("nfe_draft", 0)
     summary = (f"\n--- {stats['tokens']} tokens in {stats['seconds']:.2f} s "
                f"({stats['tokens'] / stats['seconds']:.1f} tok/s), target NFE {stats['nfe']} "
@@ -112,15 +172,15 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=DEF
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", default="simsd", choices=SPECS, help="decoding method (default simsd)")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT)
     ap.add_argument("--target", default=str(DEFAULT_TARGET), help="target checkpoint directory")
-    ap.add_argument("--drafter", default=str(DEFAULT_DRAFTER), help="drafter checkpoint (simsd)")
+    ap.add_argument("--drafter", default=None, help=f"simsd: drafter checkpoint (default {DEFAULT_DRAFTER})")
     ap.add_argument("--block-size", type=int, default=None, help="default: the target's")
     ap.add_argument("--gamma", type=int, default=None, help="simsd: max drafted tokens a round (default B)")
     ap.add_argument("--threshold", type=float, default=None,
-                    help="use the threshold rule (low_confidence_dynamic) with this confidence")
+                    help="use the threshold rule (low_confidence_dynamic) with this confidence, in (0, 1]")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-k", type=int, default=None)
     ap.add_argument("--top-p", type=float, default=None)
@@ -131,13 +191,10 @@ def parse_args(argv=None):
     ap.add_argument("--compile", action="store_true", help="torch.compile the models")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the ChatML template")
     ap.add_argument("--graph", default=None, help="spiffy: draft graph JSON (default: next to the target)")
-    ap.add_argument("--draft-budget", type=int, default=8, help="spiffy: D*, nodes verified per forward")
+    ap.add_argument("--draft-budget", type=int, default=None, help="spiffy: D*, nodes verified per forward (default 8)")
     ap.add_argument("--json", dest="as_json", action="store_true", help="last line: one JSON object")
     return vars(ap.parse_args(argv))
 
 
 if __name__ == "__main__":
-    try:
-        main(**parse_args())
-    except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback
-        sys.exit(f"error: {e}")
+    util.run(lambda: main(**parse_args()))

@@ -36,6 +36,22 @@ def read_json(path):
     return data
 
 
+def check_writable(path, flag, folder=False):
+    """Fail now, not after a long run, when `path` (a file, or a folder if `folder`) cannot be
+    written: of the right kind if it exists, in a directory we may write to (for a folder yet
+    to be made, its nearest existing ancestor)."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        raise ValueError(f"{flag} {path} is {'not ' if folder else ''}a directory")
+    parent = path if folder else path.parent
+    while folder and not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: no directory {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot write in {parent}")
+
+
 @contextmanager
 def atomic_write(path):
     """Yield a temporary path next to `path` to write to. If the block finishes, one rename

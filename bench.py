@@ -277,10 +277,7 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens: a smoke test")
     ap.add_argument("--out", default=None, help="also save the JSON here")
     a = ap.parse_args(argv)
-    try:
-        block_sizes = tuple(int(b) for b in a.block_size.split(","))
-    except ValueError:
-        raise ValueError(f"--block-size must be comma-separated integers, got {a.block_size!r}") from None
+    block_sizes = util.int_list(a.block_size, "--block-size")
     ablate = tuple(x for x in a.ablate.split(",") if x)
     return dict(target=a.target, drafter=a.drafter, block_sizes=block_sizes,
                 methods=tuple(a.methods.split(",")), prompts=4 if a.quick else a.prompts,

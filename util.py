@@ -25,6 +25,14 @@ def run(main):
         sys.exit("error: " + " ".join(str(e).split()))  # a library's message may span lines
 
 
+def int_list(text, flag):
+    """"4,8,32" -> (4, 8, 32), for flags that take several integers."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
+
+
 def read_json(path):
     """The JSON object in `path`; a file that is not one raises a ValueError naming it."""
     try:

@@ -38,7 +38,7 @@ import util
 from decode import generate
 from prepare import extract_answer, problems
 from sample import (DEFAULT_DRAFTER, DEFAULT_TARGET, check_block_size, check_device,
-                    check_positive, check_used, load, make_rule)
+                    check_used, load, make_rule)
 from speculate import simsd_generate
 from spiffy import calibrate, graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer
@@ -162,9 +162,9 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, d
     if len(set(methods)) < len(methods) or len(set(block_sizes)) < len(block_sizes):
         raise ValueError("a method or block size is listed twice")
     for B in block_sizes:
-        check_positive(block_size=B)
-    check_positive(prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats,
-                   draft_budget=draft_budget)
+        util.check_positive(block_size=B)
+    util.check_positive(prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats,
+                        draft_budget=draft_budget)
     if set(ablate) - {"rope-copy", "order"}:
         raise ValueError(f"unknown --ablate {','.join(ablate)}; choose from rope-copy, order")
     check_device(device)

@@ -63,13 +63,6 @@ def check_device(device):
         raise ValueError(f"--device {device}: there are only {torch.cuda.device_count()} GPU(s)")
 
 
-def check_positive(**flags):
-    """Every flag given (not None) must be an integer >= 1."""
-    for name, value in flags.items():
-        if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-
-
 def check_used(methods, chosen, owners, **given):
     """Refuse a flag given explicitly (not None) that none of `methods` reads; owners: flag ->
     the methods that read it; chosen: how the user picked the methods, for the message."""
@@ -84,8 +77,8 @@ def check_args(spec, block_size, gamma, threshold, temperature, top_k, top_p, ma
     """Every flag, before any file is read: the flags' own ranges, and no flag the method ignores."""
     if spec not in SPECS:
         raise ValueError(f"unknown --spec {spec!r}; choose from {', '.join(SPECS)}")
-    check_positive(block_size=block_size, gamma=gamma, top_k=top_k, max_new_tokens=max_new_tokens,
-                   draft_budget=draft_budget)
+    util.check_positive(block_size=block_size, gamma=gamma, top_k=top_k,
+                        max_new_tokens=max_new_tokens, draft_budget=draft_budget)
     if threshold is not None and not 0 < threshold <= 1:
         raise ValueError(f"--threshold must be in (0, 1], got {threshold}")
     if not temperature >= 0:  # (NaN fails too)

@@ -218,10 +218,10 @@ def main(target="models/target", block_sizes=(4, 8, 32), thresholds=(None, 0.9),
     flag, the target and each block size (one the target was trained for) are checked before
     the first graph is written; each graph file is replaced whole."""
     from prepare import problems
-    from sample import check_block_size, check_positive, load
-    check_positive(prompts=prompts, budget=budget, max_new_tokens=max_new_tokens)
+    from sample import check_block_size, load
+    util.check_positive(prompts=prompts, budget=budget, max_new_tokens=max_new_tokens)
     for B in block_sizes:
-        check_positive(block_size=B)
+        util.check_positive(block_size=B)
     model, tok = load(target)
     for B in block_sizes:
         check_block_size(model, B, "target")

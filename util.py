@@ -25,6 +25,13 @@ def run(main):
         sys.exit("error: " + " ".join(str(e).split()))  # a library's message may span lines
 
 
+def check_positive(**flags):
+    """Every flag given (not None) must be an integer >= 1."""
+    for name, value in flags.items():
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
 def int_list(text, flag):
     """"4,8,32" -> (4, 8, 32), for flags that take several integers."""
     try:

@@ -15,7 +15,7 @@ import bench
 import sample
 import train
 from decode import generate
-from model import Transformer
+from model import PRESETS, ModelConfig, Transformer
 from prepare import extract_answer, problems
 from sample import DEFAULT_DRAFTER, DEFAULT_TARGET
 from speculate import simsd_generate
@@ -181,18 +181,60 @@ def test_short_training_run_lowers_held_out_loss_and_saves_a_loadable_model(tmp_
         assert log[-1][key] < log[0][key] - 0.5, key
     model = Transformer.from_pretrained(tmp_path / "m")
     assert model.config.block_sizes == train.BLOCK_SIZES
-    with pytest.raises(SystemExit, match="another model config"):
+    with pytest.raises(ValueError, match="another model config"):
         train.main(**dict(kw, preset="drafter", ckpt_dir=tmp_path / "ck", resume=True, iters=61))
 
 
+def test_training_loss_keeps_every_tensor_on_the_data_device(monkeypatch):
+    """A tensor made without device= lands on the CPU, which on a GPU mixes devices; the meta
+    device shows the same mistake on a CPU-only machine (CPU and meta tensors do not mix)."""
+    from torch.fx.experimental import _config as fx_config
+    monkeypatch.setattr(fx_config, "meta_nonzero_assume_all_nonzero", True)  # x[mask] on meta
+    with torch.device("meta"):
+        model = Transformer(ModelConfig(**PRESETS["tiny"]))
+    x0 = torch.zeros(2, 64, dtype=torch.long, device="meta")
+    for B in train.BLOCK_SIZES:
+        assert train.bd3lm_loss(model, x0, B, torch.Generator()).device.type == "meta"
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_interrupted_save_keeps_the_previous_checkpoint_and_resume_continues(tmp_path, monkeypatch):
+    data = tiny_corpus(tmp_path)
+    ck, out = tmp_path / "ck", tmp_path / "m"
+    kw = dict(preset="tiny", data_dir=data, out_dir=out, iters=12, batch_size=2, seq_len=32,
+              eval_every=4, eval_batches=1, ckpt_dir=ck)
+    real_save, saved = torch.save, []
+
+    def save(obj, f, *args, **kwargs):   # the third checkpoint dies half-way through the file
+        if len(saved) == 2:
+            Path(f).write_bytes(b"half a checkpoint")
+            raise Interrupted
+        saved.append(obj["iter"])
+        return real_save(obj, f, *args, **kwargs)
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(Interrupted):
+        train.main(**kw)
+    monkeypatch.undo()
+    assert saved == [0, 4] and sorted(p.name for p in ck.iterdir()) == ["ckpt.pt"]
+    assert torch.load(ck / "ckpt.pt")["iter"] == 4            # the previous one, whole
+    assert not (out / "model.safetensors").exists()
+    train.main(**kw, resume=True)
+    ckpt = torch.load(ck / "ckpt.pt")
+    assert ckpt["iter"] == 12 and [r["iter"] for r in ckpt["log"]] == [0, 4, 8, 11]
+    Transformer.from_pretrained(out)
+
+
 def test_train_bad_input(tmp_path):
-    with pytest.raises(SystemExit, match="unknown preset"):
+    with pytest.raises(ValueError, match="unknown preset"):
         train.main(preset="huge")
-    with pytest.raises(SystemExit, match="prepare.py"):
+    with pytest.raises(FileNotFoundError, match="prepare.py"):
         train.main(preset="tiny", data_dir=tmp_path)
     data = tiny_corpus(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train.main(preset="tiny", data_dir=data, resume=True, ckpt_dir=tmp_path / "none")
     (data / "train.bin").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="missing or empty"):
         train.main(preset="tiny", data_dir=data, out_dir=tmp_path / "m", ckpt_dir=tmp_path / "ck")
-    with pytest.raises(SystemExit, match="no checkpoint"):
-        train.main(preset="tiny", data_dir=data, resume=True, ckpt_dir=tmp_path / "none")

@@ -17,8 +17,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def run(main):
-    """Call main(); bad input (ValueError, OSError) ends the process with one line and no
-    traceback, after the tools have checked it before printing or writing anything."""
+    """Call main(); bad input (a ValueError or OSError) ends the process with exit status 1
+    and one line `error: ...` on stderr, no traceback."""
     try:
         return main()
     except (ValueError, OSError) as e:

@@ -10,7 +10,9 @@
   attends to [0, start + T). Committed blocks live below `start`; scratch rows (drafts,
   verification copies) land above it and are overwritten by the next forward, so a rejected
   draft needs no rollback and can never be attended to again.
-- `from_pretrained` reads an HF-format SDAR/Qwen3 checkpoint directory shard by shard.
+- `from_pretrained` reads an HF-format SDAR/Qwen3 checkpoint directory shard by shard; a
+  config.json without a key that shapes the network, or with the wrong type, is refused
+  (ModelConfig.from_hf), and so are unreadable files, each error naming its file.
 
 References: Qwen3 (HF transformers' modeling_qwen3), SDAR (JetLM), BD3-LM, nanoGPT, gpt-fast.
 """
@@ -85,6 +87,9 @@ class ModelConfig:
         for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("use_sliding_window", False)):
             if hf.get(key, want) != want:
                 fail(f"{key} {hf[key]!r} is not supported (only {want!r})")
+        eos = hf.get("eos_token_id")
+        if type(eos) is list:          # Qwen3 configs may list several; the first is the EOS
+            hf = dict(hf, eos_token_id=eos[0] if eos else None)
         kw = {}
         for ours, theirs in HF_KEYS.items():
             kind, value = FIELD_TYPES.get(ours, int), hf.get(theirs)
@@ -92,7 +97,7 @@ class ModelConfig:
                 if ours not in OPTIONAL:
                     fail(f"{theirs} is missing (it shapes the model, so it has no default)")
             elif not _is(value, kind):
-                fail(f"{theirs} must be {_TYPE_NAMES[kind]}, got {value!r}")
+                fail(f"{theirs} must be {JSON_TYPES[kind]}, got {value!r}")
             else:
                 kw[ours] = value
         rope = hf.get("rope_parameters") or {}
@@ -112,12 +117,9 @@ class ModelConfig:
                 fail(f"no head_dim, and hidden_size {kw['n_embd']} is not a multiple of "
                      f"num_attention_heads {kw['n_head']}")
             kw["head_dim"] = kw["n_embd"] // kw["n_head"]
-        eos = kw.get("eos_token_id", 151643)                     # Qwen's <|endoftext|>
-        if eos == []:
-            fail("eos_token_id is an empty list")
         kw.update(rope_theta=float(theta), block_sizes=tuple(kw.get("block_sizes", ())),
-                  tie_embeddings=kw.get("tie_embeddings", False),
-                  eos_token_id=eos[0] if isinstance(eos, list) else eos)
+                  tie_embeddings=kw.get("tie_embeddings", False),     # HF Qwen3's default
+                  eos_token_id=kw.get("eos_token_id", 151643))        # Qwen's <|endoftext|>
         try:
             return cls(**kw)
         except ValueError as e:
@@ -137,21 +139,15 @@ HF_KEYS = dict(vocab_size="vocab_size", n_layer="num_hidden_layers", n_head="num
                eos_token_id="eos_token_id", max_seq_len="max_position_embeddings")
 # what config.json may leave out (rope_theta: checked apart, it may sit in rope_parameters)
 OPTIONAL = {"head_dim", "tie_embeddings", "block_sizes", "eos_token_id", "max_seq_len", "rope_theta"}
-FIELD_TYPES = dict(rope_theta=float, norm_eps=float, tie_embeddings=bool, block_sizes=list,
-                   eos_token_id=(int, list))
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false",
-               list: "a list of integers", (int, list): "an integer or a list of integers"}
+FIELD_TYPES = dict(rope_theta=float, norm_eps=float, tie_embeddings=bool, block_sizes=list)  # else int
+JSON_TYPES = {int: "an integer", float: "a number", bool: "true or false", list: "a list of integers"}
 
 
 def _is(value, kind):
-    """JSON type check: bools are not numbers here, floats are not integers."""
-    if isinstance(kind, tuple):
-        return any(_is(value, k) for k in kind)
+    """config.json's types: bools are not numbers, floats are not integers."""
     if kind is list:
-        return type(value) is list and all(_is(v, int) for v in value)
-    if kind is float:
-        return type(value) in (int, float)
-    return type(value) is kind
+        return type(value) is list and all(type(v) is int for v in value)
+    return type(value) in ((int, float) if kind is float else (kind,))
 
 
 SDAR = dict(vocab_size=151936, rope_theta=1e6, mask_token_id=151669, eos_token_id=151643,
@@ -327,7 +323,8 @@ class Transformer(nn.Module):
     @classmethod
     def from_pretrained(cls, path, device=None, dtype=None):
         """Load an HF-format SDAR/Qwen3 directory, one shard at a time straight onto `device`
-        (the model is built on the meta device, so weights never exist twice in memory)."""
+        (the model is built on the meta device, so weights never exist twice in memory).
+        Bad files raise a one-line ValueError (FileNotFoundError if missing) naming them."""
         from safetensors import SafetensorError, safe_open
         path = Path(path)
         if not (path / "config.json").is_file():

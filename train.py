@@ -172,6 +172,7 @@ def lr_at(it, iters, lr, warmup):
 
 def check_args(preset, iters, batch_size, seq_len, lr, warmup, eval_every, eval_batches,
                threads, device):
+    """Every flag, before any file is read."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     util.check_positive(iters=iters, batch_size=batch_size, seq_len=seq_len, eval_every=eval_every,

@@ -32,7 +32,6 @@ import torch
 import mask as masks
 import util
 from decode import DecodeRule, Session, check_prompt, decode
-from model import Transformer
 
 
 def ranks(logits, state, rule, k=None):

@@ -268,7 +268,7 @@ def tree(d):
 # an uncaught exception (the traceback). Only imports are shared: torch's take 1.5 s, and
 # torch's lazy ones for the first model built on the meta device (from_pretrained) 2 s more.
 FORKER = """
-import gc, json, os, runpy, sys
+import gc, json, os, runpy, signal, sys
 sys.path[0] = sys.argv[1]
 import bench, prepare, sample, spiffy, train, torch, model
 with torch.device("meta"):
@@ -279,6 +279,7 @@ for line in sys.stdin:
     case = json.loads(line)
     pid = os.fork()
     if pid == 0:
+        signal.alarm(120)  # a tool that starts its real work instead of failing is stopped
         os.chdir(case["cwd"])
         for fd, name in ((1, "stdout"), (2, "stderr")):
             os.dup2(os.open(case[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
@@ -299,7 +300,8 @@ def command(case, d):
 
 @pytest.fixture(scope="module")
 def results(request, tmp_path_factory):
-    """Every selected case: case -> (exit status, stdout, stderr, files before, files after)."""
+    """Every selected case: case -> (exit status, stdout, stderr, files before, files after,
+    the case's directory)."""
     selected = [item.callspec.params["case"] for item in request.session.items
                 if item.module is sys.modules[__name__] and hasattr(item, "callspec")]
     shipped, out = tree(ROOT / "models"), {}

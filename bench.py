@@ -24,7 +24,8 @@ method before the next); warm-up is timed apart; clocks are read after a CUDA sy
 wall time is the median over --repeats. The last line of stdout is one JSON object. Exit
 status 1 if a lossless method (sdar, simsd-lossless, spiffy) differs from its plain
 counterpart in fp32; in bf16 the "same" column is the agreement rate (rounding differs with
-the shapes of the forwards).
+the shapes of the forwards). Flags, checkpoints, graphs,
+--data and --out are checked before the first prompt runs.
 
     python bench.py                        # embedded models, B=4, 100 held-out problems
     python bench.py --block-size 4,32 --prompts 200 --out results.json
@@ -42,10 +43,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import util
 from decode import STRATEGIES, generate
 from prepare import extract_answer, problems
-from sample import DEFAULT_DRAFTER, DEFAULT_TARGET, check_block_size, load, make_rule
-from speculate import DRAFT_STOP, DRAFT_THRESHOLD, simsd_generate
+from sample import (DEFAULT_DRAFTER, DEFAULT_TARGET, check_block_size, check_device,
+                    check_used, load, make_rule)
+from speculate import DRAFT_STOP, DRAFT_THRESHOLD, check_settings, simsd_generate
 from spiffy import calibrate, graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer
 
@@ -80,13 +83,22 @@ def load_tasks(data, n, tok, chat):
         path = Path(data)
         if not path.is_file():
             raise FileNotFoundError(f"--data file {path} not found")
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()[:n]
+        except UnicodeDecodeError:
+            raise ValueError(f"--data file {path} is not UTF-8 text") from None
         items = []
-        for k, line in enumerate(path.read_text().splitlines()[:n]):
+        for k, line in enumerate(lines):
             try:
                 rec = json.loads(line)
-                items.append((rec["question"], extract_answer(str(rec["answer"]))))
+                item = (rec["question"], extract_answer(str(rec["answer"])))
             except (ValueError, KeyError, TypeError):
                 raise ValueError(f"{path}:{k + 1}: not a JSON object with 'question' and 'answer'") from None
+            if not isinstance(item[0], str) or not item[0] or item[1] is None:
+                raise ValueError(f"{path}:{k + 1}: the question must be text and the answer must hold a number")
+            items.append(item)
+        if not items:
+            raise ValueError(f"--data file {path} holds no problems")
     return [(tok.encode(tok.apply_chat_template(q) if chat else q), a) for q, a in items]
 
 
@@ -177,15 +189,50 @@ def table(rows):
     return "\n".join([line([c for c, _ in cols])] + [line(x) for x in cells])
 
 
-def main(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, block_sizes=(4,), methods=METHODS,
+def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, drafter, sweep,
+               ablate, draft_budget, out, simsd_kw):
+    """Every flag, before any file is read: ranges, --out writable, no flag left unused."""
+    if not methods:
+        raise ValueError(f"no method given; choose from {', '.join(METHODS)}")
+    bases = [parse_method(m)[0] for m in methods]
+    if len(set(methods)) < len(methods) or len(set(block_sizes)) < len(block_sizes):
+        raise ValueError("a method or block size is listed twice")
+    for B in block_sizes:
+        util.check_positive(block_size=B)
+    util.check_positive(prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats,
+                        draft_budget=draft_budget)
+    if set(ablate) - {"rope-copy", "order"}:
+        raise ValueError(f"unknown --ablate {','.join(ablate)}; choose from rope-copy, order")
+    check_device(device)
+    simsd = list(SIMSD)
+    check_used(bases, f"--methods {','.join(methods)}",
+               dict(drafter=simsd, sweep=simsd, ablate=["simsd-paper"], draft_budget=["spiffy"],
+                    **{k: simsd for k in simsd_kw}),
+               drafter=drafter, sweep=sweep, ablate=ablate or None, draft_budget=draft_budget,
+               **simsd_kw)
+    check_settings("copies", "gated", None, **{k: v for k, v in simsd_kw.items()}, rope_copy=True,
+                   order="tau")
+    if out:
+        util.check_writable(out, "--out")
+
+
+def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
          prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, repeats=1,
-         data=None, chat=False, sweep=None, ablate=(), draft_budget=8, out=None, strategy=None,
-         **simsd_kw):
-    """simsd_kw: gate, draft_threshold, draft_stop for every SimSD method (speculate.py)."""
-    for m in methods:
-        parse_method(m)
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but no GPU is available")
+         data=None, chat=False, sweep=None, ablate=(), draft_budget=None, out=None, strategy=None,
+         gate=None, draft_threshold=None, draft_stop=None, speed_of_light=None):
+    """drafter, sweep, gate, draft_threshold, draft_stop (SimSD), ablate (simsd-paper),
+    draft_budget (spiffy): None/() = the default, and an error when no method uses them.
+    speed_of_light: a preset or checkpoint directory: run sol.py's figures instead."""
+    if speed_of_light:
+        from sol import speed_of_light as sol
+        check_device(device)
+        sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile)
+        return 0
+    simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop)
+    check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, drafter, sweep,
+               ablate, draft_budget, out, simsd_kw)
+    drafter, draft_budget = drafter or DEFAULT_DRAFTER, draft_budget or 8
+    simsd_kw = {k: v for k, v in simsd_kw.items() if v is not None}
     dtype = getattr(torch, dtype) if dtype else None
     tgt, tok = load(target, device, dtype)
     drf = None
@@ -210,7 +257,7 @@ def main(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, block_sizes=(4,), metho
     for B in block_sizes:
         for m in methods:
             base, _ = parse_method(m)
-            gammas = sorted({1, 2, B // 2, B}) if base in SIMSD and sweep == "gamma" else [None]
+            gammas = sorted({g for g in (1, 2, B // 2, B) if 1 <= g <= B}) if base in SIMSD and sweep == "gamma" else [None]
             for g in gammas:
                 kw = dict(draft_budget=draft_budget) if base == "spiffy" else \
                     dict(gamma=g, **simsd_kw) if base in SIMSD else {}
@@ -260,15 +307,16 @@ def main(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, block_sizes=(4,), metho
                   results=rows, lossless_ok=not failed, dynamo=dynamo, notes=notes,
                   date=time.strftime("%Y-%m-%d"))
     if out:
-        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+        with util.atomic_write(out) as tmp:
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
     return 1 if failed else 0
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(DEFAULT_TARGET))
-    ap.add_argument("--drafter", default=str(DEFAULT_DRAFTER))
+    ap.add_argument("--drafter", default=None, help=f"simsd's drafter (default {DEFAULT_DRAFTER})")
     ap.add_argument("--block-size", default="4", help="comma-separated list, e.g. 4,32")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
     ap.add_argument("--prompts", type=int, default=100)
@@ -281,14 +329,17 @@ def parse_args(argv=None):
     ap.add_argument("--chat", action="store_true", help="ChatML prompts (chat checkpoints)")
     ap.add_argument("--sweep", choices=["gamma"], default=None)
     ap.add_argument("--ablate", default="", help="comma-separated: rope-copy, order")
-    ap.add_argument("--draft-budget", type=int, default=8, help="Spiffy's D*")
+    ap.add_argument("--draft-budget", type=int, default=None, help="Spiffy's D* (default 8)")
     ap.add_argument("--strategy", default=None, choices=STRATEGIES,
                     help="SDAR strategy for every method without +threshold (default: static)")
-    ap.add_argument("--gate", type=float, default=0.9, help="simsd-gated: target confidence to accept")
-    ap.add_argument("--draft-threshold", type=float, default=DRAFT_THRESHOLD,
-                    help="simsd: the drafter also drafts every position above this confidence")
-    ap.add_argument("--draft-stop", type=float, default=DRAFT_STOP,
-                    help="simsd: stop drafting when the drafter's best confidence is below this")
+    ap.add_argument("--gate", type=float, default=None,
+                    help="simsd-gated: target confidence to accept (default 0.9)")
+    ap.add_argument("--draft-threshold", type=float, default=None,
+                    help=f"simsd: the drafter also drafts every position above this confidence "
+                         f"(default {DRAFT_THRESHOLD})")
+    ap.add_argument("--draft-stop", type=float, default=None,
+                    help=f"simsd: stop drafting when the drafter's best confidence is below this "
+                         f"(default {DRAFT_STOP})")
     ap.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens: a smoke test")
     ap.add_argument("--out", default=None, help="also save the JSON here")
     ap.add_argument("--speed-of-light", metavar="MODEL", default=None,
@@ -296,15 +347,8 @@ def parse_args(argv=None):
                          "shaped like MODEL (a preset such as sdar-8b, or a checkpoint directory) "
                          "against the memory-bandwidth floor (sol.py)")
     a = ap.parse_args(argv)
-    try:
-        block_sizes = tuple(int(b) for b in a.block_size.split(","))
-    except ValueError:
-        raise ValueError(f"--block-size must be comma-separated integers, got {a.block_size!r}") from None
+    block_sizes = util.int_list(a.block_size, "--block-size")
     ablate = tuple(x for x in a.ablate.split(",") if x)
-    if set(ablate) - {"rope-copy", "order"}:
-        raise ValueError(f"unknown --ablate {a.ablate!r}; choose from rope-copy, order")
-    if a.prompts < 1 or a.repeats < 1 or a.max_new_tokens < 1:
-        raise ValueError("--prompts, --repeats and --max-new-tokens must be >= 1")
     return dict(target=a.target, drafter=a.drafter, block_sizes=block_sizes,
                 methods=tuple(a.methods.split(",")), prompts=4 if a.quick else a.prompts,
                 max_new_tokens=32 if a.quick else a.max_new_tokens, device=a.device,
@@ -315,13 +359,4 @@ def parse_args(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        kw = parse_args()
-        if kw["speed_of_light"]:
-            from sol import speed_of_light
-            speed_of_light(kw["speed_of_light"], kw["device"], getattr(torch, kw["dtype"] or "float32"),
-                           kw["compile"])
-            sys.exit(0)
-        sys.exit(main(**{k: v for k, v in kw.items() if k != "speed_of_light"}))
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    sys.exit(util.run(lambda: main(**parse_args())))

@@ -10,7 +10,9 @@
   attends to [0, start + T). Committed blocks live below `start`; scratch rows (drafts,
   verification copies) land above it and are overwritten by the next forward, so a rejected
   draft needs no rollback and can never be attended to again.
-- `from_pretrained` reads an HF-format SDAR/Qwen3 checkpoint directory shard by shard.
+- `from_pretrained` reads an HF-format SDAR/Qwen3 checkpoint directory shard by shard; a
+  config.json without a key that shapes the network, or with the wrong type, is refused
+  (ModelConfig.from_hf), and so are unreadable files, each error naming its file.
 
 References: Qwen3 (HF transformers' modeling_qwen3), SDAR (JetLM), BD3-LM, nanoGPT, gpt-fast.
 """
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 import mask as masks
+from util import atomic_write, read_json
 
 
 @dataclass
@@ -45,20 +48,82 @@ class ModelConfig:
     eos_token_id: int = 2
     max_seq_len: int = 4096      # longest prompt + generation accepted
 
+    def __post_init__(self):
+        """Refuse a network that cannot be built or run; messages use config.json's names."""
+        for name in ("vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim",
+                     "intermediate_size", "block_size", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{HF_KEYS[name]} must be >= 1, got {getattr(self, name)}")
+        if not (self.rope_theta > 0 and self.norm_eps > 0):
+            raise ValueError(f"rope_theta and rms_norm_eps must be > 0, got {self.rope_theta}, "
+                             f"{self.norm_eps}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"num_attention_heads ({self.n_head}) is not a multiple of "
+                             f"num_key_value_heads ({self.n_kv_head})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
+        if not 0 <= self.mask_token_id < self.vocab_size:  # (an odd EOS id only never stops)
+            raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
+                             f"(vocab_size {self.vocab_size})")
+        if any(b < 1 for b in self.block_sizes) or (self.block_sizes and self.block_size not in self.block_sizes):
+            raise ValueError(f"block_sizes {list(self.block_sizes)} must be >= 1 and include "
+                             f"block_size {self.block_size}")
+
     @classmethod
-    def from_hf(cls, hf):
-        """From an HF config.json dict (SDAR, or Qwen3 with a mask token added)."""
+    def from_hf(cls, hf, source="config.json"):
+        """From an HF config.json dict (SDAR, or Qwen3 with a mask token added). Every key that
+        shapes the network is required, with its type; only head_dim (hidden_size / heads, as
+        in HF), tie_word_embeddings (False, as in HF Qwen3), eos_token_id (Qwen's) and
+        max_position_embeddings may be left out. Errors name the key and `source`."""
+        def fail(msg):
+            raise ValueError(f"{source}: {msg}")
+
+        if not isinstance(hf, dict):
+            fail(f"a JSON {type(hf).__name__}, not an object")
         if hf.get("model_type") not in ("sdar", "qwen3"):
-            raise ValueError(f"model_type {hf.get('model_type')!r} is not SDAR/Qwen3-like")
+            fail(f"model_type {hf.get('model_type')!r} is not SDAR/Qwen3-like")
         if hf.get("mask_token_id") is None:
-            raise ValueError("config.json has no mask_token_id: not a block-diffusion checkpoint")
-        kw = {ours: hf[theirs] for ours, theirs in HF_KEYS.items() if hf.get(theirs) is not None}
-        theta = hf.get("rope_theta") or hf.get("rope_parameters", {}).get("rope_theta", 1e6)
-        eos = kw.get("eos_token_id", 151643)                     # Qwen's <|endoftext|>
-        return cls(**dict(kw, rope_theta=float(theta), block_sizes=tuple(kw.get("block_sizes", ())),
-                          head_dim=kw.get("head_dim", kw["n_embd"] // kw["n_head"]),
-                          tie_embeddings=kw.get("tie_embeddings", False),
-                          eos_token_id=eos[0] if isinstance(eos, list) else eos))
+            fail("no mask_token_id: not a block-diffusion checkpoint")
+        for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("use_sliding_window", False)):
+            if hf.get(key, want) != want:
+                fail(f"{key} {hf[key]!r} is not supported (only {want!r})")
+        eos = hf.get("eos_token_id")
+        if type(eos) is list:          # Qwen3 configs may list several; the first is the EOS
+            hf = dict(hf, eos_token_id=eos[0] if eos else None)
+        kw = {}
+        for ours, theirs in HF_KEYS.items():
+            kind, value = FIELD_TYPES.get(ours, int), hf.get(theirs)
+            if value is None:
+                if ours not in OPTIONAL:
+                    fail(f"{theirs} is missing (it shapes the model, so it has no default)")
+            elif not _is(value, kind):
+                fail(f"{theirs} must be {JSON_TYPES[kind]}, got {value!r}")
+            else:
+                kw[ours] = value
+        rope = hf.get("rope_parameters") or {}
+        scaling = hf.get("rope_scaling") or {}
+        if not isinstance(rope, dict) or not isinstance(scaling, dict):
+            fail("rope_parameters / rope_scaling must be objects")
+        for kind in (rope.get("rope_type"), scaling.get("rope_type", scaling.get("type"))):
+            if kind not in (None, "default"):
+                fail(f"RoPE type {kind!r} is not supported (only plain RoPE)")
+        theta = kw.get("rope_theta", rope.get("rope_theta"))
+        if theta is None:
+            fail("rope_theta is missing (at the top level or in rope_parameters)")
+        if not _is(theta, float):
+            fail(f"rope_theta must be a number, got {theta!r}")
+        if "head_dim" not in kw:                                 # HF's default
+            if kw["n_head"] < 1 or kw["n_embd"] % kw["n_head"]:
+                fail(f"no head_dim, and hidden_size {kw['n_embd']} is not a multiple of "
+                     f"num_attention_heads {kw['n_head']}")
+            kw["head_dim"] = kw["n_embd"] // kw["n_head"]
+        kw.update(rope_theta=float(theta), block_sizes=tuple(kw.get("block_sizes", ())),
+                  tie_embeddings=kw.get("tie_embeddings", False),     # HF Qwen3's default
+                  eos_token_id=kw.get("eos_token_id", 151643))        # Qwen's <|endoftext|>
+        try:
+            return cls(**kw)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
 
     def to_hf(self):
         hf = {theirs: getattr(self, ours) for ours, theirs in HF_KEYS.items()}
@@ -72,6 +137,17 @@ HF_KEYS = dict(vocab_size="vocab_size", n_layer="num_hidden_layers", n_head="num
                norm_eps="rms_norm_eps", tie_embeddings="tie_word_embeddings",
                block_size="block_size", block_sizes="block_sizes", mask_token_id="mask_token_id",
                eos_token_id="eos_token_id", max_seq_len="max_position_embeddings")
+# what config.json may leave out (rope_theta: checked apart, it may sit in rope_parameters)
+OPTIONAL = {"head_dim", "tie_embeddings", "block_sizes", "eos_token_id", "max_seq_len", "rope_theta"}
+FIELD_TYPES = dict(rope_theta=float, norm_eps=float, tie_embeddings=bool, block_sizes=list)  # else int
+JSON_TYPES = {int: "an integer", float: "a number", bool: "true or false", list: "a list of integers"}
+
+
+def _is(value, kind):
+    """config.json's types: bools are not numbers, floats are not integers."""
+    if kind is list:
+        return type(value) is list and all(type(v) is int for v in value)
+    return type(value) in ((int, float) if kind is float else (kind,))
 
 
 SDAR = dict(vocab_size=151936, rope_theta=1e6, mask_token_id=151669, eos_token_id=151643,
@@ -253,15 +329,23 @@ class Transformer(nn.Module):
     @classmethod
     def from_pretrained(cls, path, device=None, dtype=None):
         """Load an HF-format SDAR/Qwen3 directory, one shard at a time straight onto `device`
-        (the model is built on the meta device, so weights never exist twice in memory)."""
-        from safetensors import safe_open
+        (the model is built on the meta device, so weights never exist twice in memory).
+        Bad files raise a one-line ValueError (FileNotFoundError if missing) naming them."""
+        from safetensors import SafetensorError, safe_open
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"no config.json in checkpoint directory {path}")
-        config = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
-        if (path / "model.safetensors.index.json").is_file():
-            index = json.loads((path / "model.safetensors.index.json").read_text())
-            shards = sorted(set(index["weight_map"].values()))
+        config = ModelConfig.from_hf(read_json(path / "config.json"), source=path / "config.json")
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = read_json(index).get("weight_map")
+            if not (isinstance(weight_map, dict) and weight_map
+                    and all(isinstance(s, str) for s in weight_map.values())):
+                raise ValueError(f"{index}: no weight_map (weight name -> shard file)")
+            shards = sorted(set(weight_map.values()))
+            for shard in shards:
+                if not (path / shard).is_file():
+                    raise FileNotFoundError(f"shard {shard} listed in {index} not found")
         elif (path / "model.safetensors").is_file():
             shards = ["model.safetensors"]
         else:
@@ -271,20 +355,23 @@ class Transformer(nn.Module):
         expected = {k: v.shape for k, v in model.state_dict().items()}
         loaded = set()
         for shard in shards:
-            with safe_open(path / shard, framework="pt", device=str(device or "cpu")) as f:
-                for hf_name in f.keys():
-                    name = cls.rename(hf_name)
-                    if name not in expected:
-                        raise ValueError(f"unexpected weight in checkpoint: {hf_name} (the "
-                                         f"config has {config.n_layer} layers)")
-                    if name == "lm_head.weight" and config.tie_embeddings:
-                        continue  # some tied checkpoints store the head too: it is the embedding
-                    t = f.get_tensor(hf_name)
-                    if t.shape != expected[name]:
-                        raise ValueError(f"shape mismatch for {hf_name}: checkpoint "
-                                         f"{tuple(t.shape)}, model {tuple(expected[name])}")
-                    model.load_state_dict({name: t.to(dtype or t.dtype)}, strict=False, assign=True)
-                    loaded.add(name)
+            try:
+                with safe_open(path / shard, framework="pt", device=str(device or "cpu")) as f:
+                    for hf_name in f.keys():
+                        name = cls.rename(hf_name)
+                        if name not in expected:
+                            raise ValueError(f"unexpected weight in checkpoint: {hf_name} (the "
+                                             f"config has {config.n_layer} layers)")
+                        if name == "lm_head.weight" and config.tie_embeddings:
+                            continue  # some tied checkpoints store the head too: it is the embedding
+                        t = f.get_tensor(hf_name)
+                        if t.shape != expected[name]:
+                            raise ValueError(f"shape mismatch for {hf_name}: checkpoint "
+                                             f"{tuple(t.shape)}, model {tuple(expected[name])}")
+                        model.load_state_dict({name: t.to(dtype or t.dtype)}, strict=False, assign=True)
+                        loaded.add(name)
+            except SafetensorError as e:  # truncated or not safetensors at all
+                raise ValueError(f"{path / shard} is not a readable safetensors file: {e}") from None
         missing = set(expected) - loaded - ({"lm_head.weight"} if config.tie_embeddings else set())
         if missing:
             names = ", ".join(sorted(cls.rename(n, to_local=False) for n in missing))
@@ -294,11 +381,14 @@ class Transformer(nn.Module):
         return model.eval()
 
     def save_pretrained(self, path, dtype=torch.bfloat16):
+        """Write config.json and model.safetensors, each replaced whole (util.atomic_write)."""
         from safetensors.torch import save_file
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(self.config.to_hf(), indent=2) + "\n")
         state = {self.rename(name, to_local=False): t.detach().to(dtype).contiguous().cpu()
                  for name, t in self.state_dict().items()
                  if not (name == "lm_head.weight" and self.config.tie_embeddings)}
-        save_file(state, path / "model.safetensors", metadata={"format": "pt"})
+        with atomic_write(path / "model.safetensors") as tmp:
+            save_file(state, tmp, metadata={"format": "pt"})
+        with atomic_write(path / "config.json") as tmp:
+            tmp.write_text(json.dumps(self.config.to_hf(), indent=2) + "\n")

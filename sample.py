@@ -8,17 +8,19 @@
 
 Text is printed block by block as it is committed, then a one-line summary; with --json the
 last line is one JSON object (text, token_ids, nfe_target, nfe_draft, tokens_per_s, ...).
+Flags, checkpoints, tokenizers and graphs are all checked before anything is printed: bad
+input is one line `error: ...` on stderr and a non-zero exit status.
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-from decode import STRATEGIES, DecodeRule, generate
+import util
+from decode import STRATEGIES, DecodeRule, check_prompt, generate
 from model import Transformer
-from speculate import ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, VERIFIERS, simsd_generate
+from speculate import ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, VERIFIERS, check_settings, simsd_generate
 from spiffy import graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer, load_tokenizer
 
@@ -27,6 +29,8 @@ DEFAULT_TARGET, DEFAULT_DRAFTER = ROOT / "models/target", ROOT / "models/drafter
 DEFAULT_PROMPT = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. "
                   "How much does Max have now?\nAnswer:")
 SPECS = ("none", "simsd", "spiffy")
+SIMSD_DEFAULTS = dict(verifier="copies", acceptance="gated", gamma=None, gate=0.9,
+                      draft_threshold=DRAFT_THRESHOLD, draft_stop=DRAFT_STOP)  # simsd_generate's
 
 
 def load(path, device="cpu", dtype=None):
@@ -47,6 +51,59 @@ def check_block_size(model, block_size, name):
         raise ValueError(f"{name} was trained for block size(s) {list(supported)}, not {block_size}")
 
 
+def check_device(device):
+    """A device this code runs on (cpu or cuda), and a GPU when one is asked for."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unknown --device {device!r}; use cpu or cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device} is not supported; use cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda asked for, but no GPU is available")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: there are only {torch.cuda.device_count()} GPU(s)")
+
+
+def check_used(methods, chosen, owners, **given):
+    """Refuse a flag given explicitly (not None) that none of `methods` reads; owners: flag ->
+    the methods that read it; chosen: how the user picked the methods, for the message."""
+    for name, value in given.items():
+        if value is not None and not set(methods) & set(owners[name]):
+            raise ValueError(f"--{name.replace('_', '-')} does nothing with {chosen} (it is for "
+                             f"{', '.join(owners[name])})")
+
+
+def check_args(spec, block_size, threshold, temperature, top_k, top_p, max_new_tokens, device,
+               drafter, graph, draft_budget, eb_threshold, **simsd):
+    """Every flag, before any file is read: the flags' own ranges, and no flag the method ignores."""
+    if spec not in SPECS:
+        raise ValueError(f"unknown --spec {spec!r}; choose from {', '.join(SPECS)}")
+    util.check_positive(block_size=block_size, gamma=simsd["gamma"], top_k=top_k,
+                        max_new_tokens=max_new_tokens, draft_budget=draft_budget)
+    for name in ("threshold", "gate", "draft_threshold", "draft_stop"):
+        x = threshold if name == "threshold" else simsd[name]
+        if x is not None and not 0 < x <= 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be in (0, 1], got {x}")
+    if not eb_threshold > 0:
+        raise ValueError(f"--eb-threshold must be > 0, got {eb_threshold}")
+    if not temperature >= 0:  # (NaN fails too)
+        raise ValueError(f"--temperature must be >= 0, got {temperature}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {top_p}")
+    check_device(device)
+    flags = dict(drafter=drafter, gamma=simsd["gamma"], verify=simsd["verifier"],  # simsd's
+                 accept=simsd["acceptance"], gate=simsd["gate"], draft_threshold=simsd["draft_threshold"],
+                 draft_stop=simsd["draft_stop"], graph=graph, draft_budget=draft_budget)
+    check_used([spec], f"--spec {spec}", {k: ["spiffy" if k in ("graph", "draft_budget") else "simsd"]
+                                          for k in flags}, **flags)
+    if simsd["gate"] is not None and (simsd["acceptance"] or "gated") != "gated":
+        raise ValueError(f"--gate does nothing with --accept {simsd['acceptance']} (it is for gated)")
+    if spec == "simsd":
+        check_settings(**{k: simsd[k] or default for k, default in SIMSD_DEFAULTS.items()},
+                       rope_copy=True, order="tau")
+
+
 def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
               steps=None, strategy=None, eb_threshold=0.35):
     """Plain decoding's rule: SDAR's static one token per step by default, the threshold rule
@@ -60,23 +117,38 @@ def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=Non
                       temperature=temperature, top_k=top_k, top_p=top_p)
 
 
-def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER,
+def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=None,
          block_size=None, gamma=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
          max_new_tokens=64, seed=0, device="cpu", dtype=None, compile=False, chat=False,
-         graph=None, draft_budget=8, as_json=False, verifier="copies", acceptance="gated", gate=0.9,
-         draft_threshold=DRAFT_THRESHOLD, draft_stop=DRAFT_STOP, strategy=None, eb_threshold=0.35):
-    if spec not in SPECS:
-        raise ValueError(f"unknown --spec {spec!r}; choose from {', '.join(SPECS)}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but no GPU is available")
+         graph=None, draft_budget=None, as_json=False, verifier=None, acceptance=None, gate=None,
+         draft_threshold=None, draft_stop=None, strategy=None, eb_threshold=0.35):
+    """drafter, gamma, verifier, acceptance, gate, draft_threshold, draft_stop (simsd), graph,
+    draft_budget (spiffy): None = the default, and an error when given to a method that does
+    not use them."""
+    simsd = dict(gamma=gamma, verifier=verifier, acceptance=acceptance, gate=gate,
+                 draft_threshold=draft_threshold, draft_stop=draft_stop)
+    check_args(spec, block_size, threshold, temperature, top_k, top_p, max_new_tokens, device,
+               drafter, graph, draft_budget, eb_threshold, **simsd)
     dtype = getattr(torch, dtype) if dtype else None
     model, tok = load(target, device, dtype)
     rule = make_rule(model, block_size, threshold, temperature, top_k, top_p, None, strategy, eb_threshold)
     check_block_size(model, rule.block_size, "target")
-    if compile:
-        model.compile(dynamic=True)
     text = tok.apply_chat_template(prompt) if chat else prompt
     ids = tok.encode(text)
+    check_prompt(ids, model.config, max_new_tokens, device)
+    if spec == "simsd":
+        draft_model, draft_tok = load(drafter or DEFAULT_DRAFTER, device, dtype)
+        check_same_tokenizer(draft_tok, tok)
+        check_block_size(draft_model, rule.block_size, "drafter")
+        if (draft_model.config.vocab_size, draft_model.config.mask_token_id) != \
+                (model.config.vocab_size, model.config.mask_token_id):
+            raise ValueError("drafter and target differ in vocabulary size or mask token id")
+    if spec == "spiffy":
+        g = load_graph(graph or graph_path(target, rule), rule)
+    if compile:
+        model.compile(dynamic=True)
+        if spec == "simsd":
+            draft_model.compile(dynamic=True)
     shown = []
 
     def on_block(new):  # print as blocks are committed (decode the whole text: multi-byte pieces)
@@ -91,17 +163,11 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=DEF
     if spec == "none":
         out, stats = generate(model, ids, max_new_tokens, **kw)
     elif spec == "simsd":
-        draft_model, draft_tok = load(drafter, device, dtype)
-        check_same_tokenizer(draft_tok, tok)
-        check_block_size(draft_model, rule.block_size, "drafter")
-        if compile:
-            draft_model.compile(dynamic=True)
-        out, stats = simsd_generate(model, draft_model, ids, max_new_tokens, verifier=verifier,
-                                    acceptance=acceptance, gamma=gamma, gate=gate,
-                                    draft_threshold=draft_threshold, draft_stop=draft_stop, **kw)
+        simsd = {k: v for k, v in simsd.items() if v is not None}
+        out, stats = simsd_generate(model, draft_model, ids, max_new_tokens, **simsd, **kw)
     else:
-        g = load_graph(graph or graph_path(target, rule), rule)
-        out, stats = spiffy_generate(model, ids, max_new_tokens, graph=g, draft_budget=draft_budget, **kw)
+        out, stats = spiffy_generate(model, ids, max_new_tokens, graph=g,
+                                     draft_budget=draft_budget or 8, **kw)
     nfe_draft = stats.get("nfe_draft", 0)
     summary = (f"\n--- {stats['tokens']} tokens in {stats['seconds']:.2f} s "
                f"({stats['tokens'] / stats['seconds']:.1f} tok/s), target NFE {stats['nfe']} "
@@ -119,26 +185,29 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=DEF
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", default="simsd", choices=SPECS, help="decoding method (default simsd)")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT)
     ap.add_argument("--target", default=str(DEFAULT_TARGET), help="target checkpoint directory")
-    ap.add_argument("--drafter", default=str(DEFAULT_DRAFTER), help="drafter checkpoint (simsd)")
+    ap.add_argument("--drafter", default=None, help=f"simsd: drafter checkpoint (default {DEFAULT_DRAFTER})")
     ap.add_argument("--block-size", type=int, default=None, help="default: the target's")
     ap.add_argument("--gamma", type=int, default=None, help="simsd: max drafted tokens a round (default B)")
-    ap.add_argument("--verify", dest="verifier", default="copies", choices=VERIFIERS,
+    ap.add_argument("--verify", dest="verifier", default=None, choices=VERIFIERS,
                     help="simsd: temporal = the paper's one-mask forward (2B queries); copies = the "
                          "drafter's states as exact block copies (default)")
-    ap.add_argument("--accept", dest="acceptance", default="gated", choices=ACCEPTS,
+    ap.add_argument("--accept", dest="acceptance", default=None, choices=ACCEPTS,
                     help="simsd: paper = accept on agreement; gated = only where the target is sure "
                          "(default, keeps its answers); lossless = plain decoding's output exactly")
-    ap.add_argument("--gate", type=float, default=0.9, help="simsd --accept gated: confidence to accept")
-    ap.add_argument("--draft-threshold", type=float, default=DRAFT_THRESHOLD,
-                    help="simsd: the drafter also drafts every position above this confidence")
-    ap.add_argument("--draft-stop", type=float, default=DRAFT_STOP,
-                    help="simsd: stop drafting when the drafter's best confidence falls below this")
+    ap.add_argument("--gate", type=float, default=None,
+                    help="simsd --accept gated: the target confidence to accept at (default 0.9)")
+    ap.add_argument("--draft-threshold", type=float, default=None,
+                    help=f"simsd: the drafter also drafts every position above this confidence "
+                         f"(default {DRAFT_THRESHOLD})")
+    ap.add_argument("--draft-stop", type=float, default=None,
+                    help=f"simsd: stop drafting when the drafter's best confidence falls below this "
+                         f"(default {DRAFT_STOP})")
     ap.add_argument("--threshold", type=float, default=None,
-                    help="use the threshold rule (low_confidence_dynamic) with this confidence")
+                    help="use the threshold rule (low_confidence_dynamic) with this confidence, in (0, 1]")
     ap.add_argument("--strategy", default=None, choices=STRATEGIES,
                     help="SDAR's decoding strategy (default: low_confidence_static, or "
                          "low_confidence_dynamic with --threshold)")
@@ -154,13 +223,10 @@ def parse_args(argv=None):
     ap.add_argument("--compile", action="store_true", help="torch.compile the models")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the ChatML template")
     ap.add_argument("--graph", default=None, help="spiffy: draft graph JSON (default: next to the target)")
-    ap.add_argument("--draft-budget", type=int, default=8, help="spiffy: D*, nodes verified per forward")
+    ap.add_argument("--draft-budget", type=int, default=None, help="spiffy: D*, nodes verified per forward (default 8)")
     ap.add_argument("--json", dest="as_json", action="store_true", help="last line: one JSON object")
     return vars(ap.parse_args(argv))
 
 
 if __name__ == "__main__":
-    try:
-        main(**parse_args())
-    except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback
-        sys.exit(f"error: {e}")
+    util.run(lambda: main(**parse_args()))

@@ -182,14 +182,14 @@ def accept_exact(logits, copies, d, step, rule, gate=None, generator=None):
 def check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order):
     """Refuse settings that are unknown or that the chosen verifier cannot honour."""
     if verifier not in VERIFIERS:
-        raise ValueError(f"unknown verifier {verifier!r}; choose from {', '.join(VERIFIERS)}")
+        raise ValueError(f"unknown verifier (--verify) {verifier!r}; choose from {', '.join(VERIFIERS)}")
     if acceptance not in ACCEPTS:
-        raise ValueError(f"unknown acceptance rule {acceptance!r}; choose from {', '.join(ACCEPTS)}")
+        raise ValueError(f"unknown acceptance rule (--accept) {acceptance!r}; choose from {', '.join(ACCEPTS)}")
     if order not in ("tau", "position"):
         raise ValueError(f"order must be 'tau' or 'position', got {order!r}")
     if verifier == "temporal" and acceptance != "paper":
-        raise ValueError(f"acceptance {acceptance!r} needs the copies verifier: the temporal mask "
-                         "gives no exact logits of the whole block at a drafted state")
+        raise ValueError(f"--accept {acceptance} needs --verify copies: the temporal mask gives no "
+                         "exact logits of the whole block at a drafted state")
     if verifier == "copies" and (not rope_copy or order != "tau"):
         raise ValueError("the rope-copy and order ablations apply to the temporal verifier only")
     if gamma is not None and gamma < 1:

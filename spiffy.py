@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
+import util
 from decode import DecodeRule, Session, check_prompt, decode
-from model import Transformer
 from verify import verify_copies, walk
 
 
@@ -217,11 +217,18 @@ def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
 
 def main(target="models/target", block_sizes=(4, 8, 32), thresholds=(None, 0.9), prompts=50,
          budget=16, max_new_tokens=64):
-    """Calibrate and save a graph per (block size, rule) on training-split problems."""
+    """Calibrate and save a graph per (block size, rule) on training-split problems. Every
+    flag, the target and each block size (one the target was trained for) are checked before
+    the first graph is written; each graph file is replaced whole."""
     from prepare import problems
-    from tokenizer import load_tokenizer
-    model = Transformer.from_pretrained(target, dtype=torch.float32)
-    tok = load_tokenizer(target)
+    from sample import check_block_size, load
+    util.check_positive(prompts=prompts, budget=budget, max_new_tokens=max_new_tokens)
+    for B in block_sizes:
+        util.check_positive(block_size=B)
+    model, tok = load(target)
+    for B in block_sizes:
+        check_block_size(model, B, "target")
+    util.check_writable(target, "--target", folder=True)
     ids = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(prompts, "train")]
     for B in block_sizes:
         for th in thresholds:
@@ -230,13 +237,14 @@ def main(target="models/target", block_sizes=(4, 8, 32), thresholds=(None, 0.9),
             t0 = time.perf_counter()
             g = calibrate(model, ids, rule, max_new_tokens, budget)
             path = graph_path(target, rule)
-            path.write_text(json.dumps(g) + "\n")
+            with util.atomic_write(path) as tmp:
+                tmp.write_text(json.dumps(g) + "\n")
             print(f"{path}: {len(g['nodes'])} nodes in {time.perf_counter() - t0:.1f} s, "
                   f"most frequent {g['nodes'][:3]} x {g['counts'][:3]}")
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calibrate", action="store_true", help="calibrate and save draft graphs")
     ap.add_argument("--target", default="models/target")
     ap.add_argument("--block-size", default="4,8,32", help="comma-separated")
@@ -245,8 +253,5 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if not a.calibrate:
         ap.error("nothing to do: pass --calibrate")
-    try:
-        main(a.target, tuple(int(b) for b in a.block_size.split(",")), prompts=a.prompts,
-             budget=a.budget)
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
+    util.run(lambda: main(a.target, util.int_list(a.block_size, "--block-size"), prompts=a.prompts,
+                          budget=a.budget))

@@ -18,13 +18,14 @@ Usage:
     check_same_tokenizer(load_tokenizer("checkpoints/drafter"), tok)
 """
 import hashlib
-import json
 import os
 import re
 import unicodedata
 
 import sentencepiece
 import tiktoken
+
+from util import read_json
 
 # Qwen2's pre-tokenizer: GPT-4's regex, except that digits are split one by one (\p{N}).
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -72,7 +73,10 @@ class SentencePieceTokenizer(Tokenizer):
     kind, added = "sentencepiece", {}  # no added tokens, hence no chat template
 
     def __init__(self, model_file: str, eos_id=None, mask_id=None):
-        self.sp = sentencepiece.SentencePieceProcessor(model_file=model_file)
+        try:
+            self.sp = sentencepiece.SentencePieceProcessor(model_file=model_file)
+        except (RuntimeError, OSError) as e:  # sentencepiece's own message does not name the file
+            raise ValueError(f"{model_file} is not a readable sentencepiece model: {e}") from None
         found = self.sp.piece_to_id(SPM_MASK_PIECE)  # a missing piece maps to unk_id
         if mask_id is None and self.sp.id_to_piece(found) != SPM_MASK_PIECE:
             raise ValueError(f"{model_file}: sentencepiece model has no {SPM_MASK_PIECE!r} piece")
@@ -119,15 +123,9 @@ class BPETokenizer(Tokenizer):
 
 
 def _read_json(path: str, name: str):
-    """Parsed JSON of path/name, or None when the file does not exist."""
+    """The JSON object in path/name, or None when the file does not exist."""
     file = os.path.join(path, name)
-    if not os.path.isfile(file):
-        return None
-    try:
-        with open(file, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"malformed JSON in {file}: {err.msg} at line {err.lineno}") from None
+    return read_json(file) if os.path.isfile(file) else None
 
 
 def _merges(path: str, tok_json: dict) -> list[str]:
@@ -160,6 +158,8 @@ def _load_bpe(path: str, eos_id=None, mask_id=None) -> BPETokenizer:
     vocab = _read_json(path, "vocab.json") or tok_json.get("model", {}).get("vocab")
     if not vocab:
         raise ValueError(f"{path}: no vocabulary (no vocab.json, and tokenizer.json has no model.vocab)")
+    if not isinstance(vocab, dict) or not all(type(i) is int and i >= 0 for i in vocab.values()):
+        raise ValueError(f"{path}: the vocabulary must map token strings to ids >= 0")
     to_byte = {c: b for b, c in bytes_to_unicode().items()}
     try:
         ranks = {bytes(to_byte[c] for c in token): i for token, i in vocab.items()}

@@ -8,11 +8,14 @@ Why peaky: with the default init (std 0.02) a random model's logits are nearly u
 every position decodes to the same token, so decoding tests would pass vacuously. Re-drawing
 the weights with a fan-in scaled std gives varied greedy outputs and spread-out confidences.
 """
+import json
 import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import sentencepiece as spm
 import torch
 import torch.nn as nn
 
@@ -21,6 +24,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from model import PRESETS, ModelConfig, Transformer  # noqa: E402
+from prepare import problems  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -57,3 +61,19 @@ def make_model(n_layer=2, vocab=97, block_size=4, seed=0, gain=3.0, embed_std=1.
 def tiny_model():
     """Factory fixture: tiny_model(**kwargs) -> make_model(**kwargs)."""
     return make_model
+
+
+def tiny_corpus(tmp_path):
+    """A small data dir in prepare.py's layout, tokenised with the shipped tokenizer."""
+    target = ROOT / "models" / "target"
+    sp = spm.SentencePieceProcessor(model_file=str(target / "tokenizer.model"))
+    data = tmp_path / "data"
+    data.mkdir()
+    splits = {"train": problems(400, "train"), "val_text": problems(40, "test"),
+              "val_arith": problems(40, "test")[::-1]}
+    for split, ps in splits.items():
+        ids = [i for p in ps for i in sp.encode(f"Question: {p['question']}\nAnswer: {p['answer']}") + [2]]
+        np.array(ids, dtype=np.uint16).tofile(data / f"{split}.bin")
+    (data / "meta.json").write_text(json.dumps(dict(vocab_size=sp.get_piece_size(), eos_id=2, mask_id=3)))
+    (data / "tokenizer.model").write_bytes((target / "tokenizer.model").read_bytes())
+    return data

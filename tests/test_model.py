@@ -478,3 +478,19 @@ def test_config_hf_round_trip():
     assert ModelConfig.from_hf(config.to_hf()) == config
     with pytest.raises(ValueError, match="llama"):
         ModelConfig.from_hf({**config.to_hf(), "model_type": "llama"})
+
+
+def test_config_json_defaults_only_what_hf_qwen3_does():
+    """head_dim (hidden / heads) and tie_word_embeddings (false) may be left out; every other
+    key that shapes the network is an error naming the key and the file, not a default."""
+    hf = ModelConfig(vocab_size=101, n_embd=64, n_head=4, head_dim=16, tie_embeddings=True).to_hf()
+    for key in ("head_dim", "tie_word_embeddings", "eos_token_id", "max_position_embeddings"):
+        hf.pop(key)
+    config = ModelConfig.from_hf(hf)
+    assert (config.head_dim, config.tie_embeddings) == (16, False)
+    for key in ("vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "hidden_size", "intermediate_size", "rms_norm_eps", "block_size", "rope_theta"):
+        with pytest.raises(ValueError, match=f"^ckpt/config.json: {key} is missing"):
+            ModelConfig.from_hf({k: v for k, v in hf.items() if k != key}, source="ckpt/config.json")
+    theta = {k: v for k, v in hf.items() if k != "rope_theta"}
+    assert ModelConfig.from_hf(dict(theta, rope_parameters={"rope_theta": 1e4})).rope_theta == 1e4

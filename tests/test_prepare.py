@@ -80,6 +80,10 @@ def test_problem_document_format():
     ("7 apples ####", 7),                       # nothing after the marker: last integer
     ("no numbers here", None),
     ("", None),
+    ("$18.00", 18),                             # money: a whole number stays an int
+    ("#### $1,234.00", 1234),
+    ("It costs 2.50 dollars.", 2.5),
+    ("The answer is 12.", 12),                  # a full stop is not a decimal point
 ])
 def test_extract_answer(text, expected):
     assert prepare.extract_answer(text) == expected

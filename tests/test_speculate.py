@@ -576,8 +576,8 @@ def test_adaptive_drafting_drafts_several_a_forward_and_stops_when_unsure(tiny_m
 @pytest.mark.parametrize("kwargs, message", [
     (dict(verifier="mask"), "unknown verifier"),
     (dict(acceptance="strict"), "unknown acceptance rule"),
-    (dict(verifier="temporal", acceptance="lossless"), "needs the copies verifier"),
-    (dict(verifier="temporal", acceptance="gated"), "needs the copies verifier"),
+    (dict(verifier="temporal", acceptance="lossless"), "needs --verify copies"),
+    (dict(verifier="temporal", acceptance="gated"), "needs --verify copies"),
     (dict(rope_copy=False), "temporal verifier only"),
     (dict(gate=0.0), "gate must be in"),
     (dict(gate=1.5), "gate must be in"),

@@ -46,9 +46,9 @@ from tqdm import tqdm
 import util
 from decode import STRATEGIES, generate
 from prepare import extract_answer, problems
-from sample import (DEFAULT_DRAFTER, DEFAULT_TARGET, check_block_size, check_device,
-                    check_used, load, make_rule)
-from speculate import DRAFT_STOP, DRAFT_THRESHOLD, check_settings, simsd_generate
+from sample import (DEFAULT_DRAFTER, DEFAULT_TARGET, add_simsd_flags, check_block_size,
+                    check_device, check_used, load, make_rule)
+from speculate import check_settings, simsd_generate
 from spiffy import calibrate, graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer
 
@@ -146,7 +146,11 @@ def summarize(stats, outs, tasks, tok, wall):
             hist[k] = hist.get(k, 0) + v
     rounds = sum(hist.values())
     correct = sum(extract_answer(tok.decode(o)) == a for o, (_, a) in zip(outs, tasks))
-    return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall,
+    ends = {}
+    for s in stats:
+        for k, v in s.get("round_ends", {}).items():
+            ends[k] = ends.get(k, 0) + v
+    return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, round_ends=ends,
                 target_fwd_per_token=nfe / tokens,
                 draft_fwd_per_token=sum(s.get("nfe_draft", 0) for s in stats) / tokens,
                 tokens_per_target_fwd=tokens / nfe, nfe=nfe, hist=hist,
@@ -295,6 +299,9 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
                                       if sdar else float("nan"))
         r["fraction_of_limit"] = r["tokens_per_target_fwd"] / r["block_size"]
     print(table(rows))
+    for r in rows:   # why SimSD's rounds ended: the drafter wrong where the target is sure, ...
+        if r["round_ends"]:
+            print(f"{r['method']} B={r['block_size']} rounds ended: {r['round_ends']}")
     for n in notes + [f"FAILED: {f}" for f in failed]:
         print(n)
     dynamo = {}
@@ -332,14 +339,7 @@ def parse_args(argv=None):
     ap.add_argument("--draft-budget", type=int, default=None, help="Spiffy's D* (default 8)")
     ap.add_argument("--strategy", default=None, choices=STRATEGIES,
                     help="SDAR strategy for every method without +threshold (default: static)")
-    ap.add_argument("--gate", type=float, default=None,
-                    help="simsd-gated: target confidence to accept (default 0.9)")
-    ap.add_argument("--draft-threshold", type=float, default=None,
-                    help=f"simsd: the drafter also drafts every position above this confidence "
-                         f"(default {DRAFT_THRESHOLD})")
-    ap.add_argument("--draft-stop", type=float, default=None,
-                    help=f"simsd: stop drafting when the drafter's best confidence is below this "
-                         f"(default {DRAFT_STOP})")
+    add_simsd_flags(ap)
     ap.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens: a smoke test")
     ap.add_argument("--out", default=None, help="also save the JSON here")
     ap.add_argument("--speed-of-light", metavar="MODEL", default=None,

@@ -184,6 +184,18 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=Non
     return out, stats
 
 
+def add_simsd_flags(ap):
+    """The SimSD settings sample.py and bench.py share (None: simsd_generate's default)."""
+    ap.add_argument("--gate", type=float, default=None,
+                    help="simsd, gated acceptance: the target confidence to accept at (default 0.9)")
+    ap.add_argument("--draft-threshold", type=float, default=None,
+                    help=f"simsd: the drafter also drafts every position above this confidence "
+                         f"(default {DRAFT_THRESHOLD})")
+    ap.add_argument("--draft-stop", type=float, default=None,
+                    help=f"simsd: stop drafting when the drafter's best confidence falls below this "
+                         f"(default {DRAFT_STOP})")
+
+
 def parse_args(argv=None):
     ap = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", default="simsd", choices=SPECS, help="decoding method (default simsd)")
@@ -198,14 +210,7 @@ def parse_args(argv=None):
     ap.add_argument("--accept", dest="acceptance", default=None, choices=ACCEPTS,
                     help="simsd: paper = accept on agreement; gated = only where the target is sure "
                          "(default, keeps its answers); lossless = plain decoding's output exactly")
-    ap.add_argument("--gate", type=float, default=None,
-                    help="simsd --accept gated: the target confidence to accept at (default 0.9)")
-    ap.add_argument("--draft-threshold", type=float, default=None,
-                    help=f"simsd: the drafter also drafts every position above this confidence "
-                         f"(default {DRAFT_THRESHOLD})")
-    ap.add_argument("--draft-stop", type=float, default=None,
-                    help=f"simsd: stop drafting when the drafter's best confidence falls below this "
-                         f"(default {DRAFT_STOP})")
+    add_simsd_flags(ap)
     ap.add_argument("--threshold", type=float, default=None,
                     help="use the threshold rule (low_confidence_dynamic) with this confidence, in (0, 1]")
     ap.add_argument("--strategy", default=None, choices=STRATEGIES,

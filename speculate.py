@@ -158,7 +158,8 @@ def accept_exact(logits, copies, d, step, rule, gate=None, generator=None):
     Draft k is accepted when gated and agreed. At the first draft not accepted, a gated one
     gets the correction; an ungated one (the target is not sure there) is replaced by the
     target's own decoding step from that state; if every draft is accepted, the target steps
-    from the last state, whose logits come with the forward. -> (new block, accepted, steps)."""
+    from the last state, whose logits come with the forward.
+    -> (new block, accepted, steps, why the round ended)."""
     n, k = len(d.pos), torch.arange(len(d.pos), device=d.pos.device)
     rows = logits[k, d.pos]                                          # (n, V) at each draft
     p_target = rule.probs(rows)
@@ -173,10 +174,11 @@ def accept_exact(logits, copies, d, step, rule, gate=None, generator=None):
     if accepted < n and (gate is None or bool(gated[accepted])):
         block = copies[accepted].clone()
         block[d.pos[accepted]] = correct(p_target[accepted], d.p_draft[accepted], rule, generator)
-        return block, accepted, accepted + 1
+        return block, accepted, accepted + 1, "target sure, draft rejected"
+    why = "every draft accepted" if accepted == n else "target unsure"
     if not (copies[accepted] == rule.mask_id).any():                 # every draft taken: full
-        return copies[accepted], accepted, accepted
-    return rule(logits[accepted], copies[accepted], step + accepted, generator), accepted, accepted + 1
+        return copies[accepted], accepted, accepted, why
+    return rule(logits[accepted], copies[accepted], step + accepted, generator), accepted, accepted + 1, why
 
 
 def check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order):
@@ -221,7 +223,7 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
         raise ValueError("drafter and target differ in vocabulary size or mask token id")
     B, gamma = rule.block_size, rule.block_size if gamma is None else gamma
     ids = check_prompt(prompt, c, max_new_tokens, target.embed.weight.device)
-    t0, hist = time.perf_counter(), Counter()
+    t0, hist, ends = time.perf_counter(), Counter(), Counter()   # ends: why rounds ended
     scratch = (gamma + 3) * B if verifier == "copies" else 4 * B
     tsess = Session(target, B, len(ids) + max_new_tokens + scratch, fuse_commit)
     dsess = Session(drafter, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
@@ -247,11 +249,13 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
                     block, n_steps = path[-1][1], len(path)
                     reached = same_state(copies[None], torch.stack([s for _, s in path])[:, None])
                     n_accepted = int((reached * torch.arange(len(copies))).max())  # deepest draft
+                    why = "every draft accepted" if n_accepted == len(d.pos) else "target chose otherwise"
                 else:
-                    block, n_accepted, n_steps = accept_exact(
+                    block, n_accepted, n_steps, why = accept_exact(
                         logits, copies, d, step, rule, gate if acceptance == "gated" else None,
                         generator)
                 step += n_steps
+                ends[why] += 1
             hist[n_accepted] += 1
         return block
 
@@ -261,4 +265,4 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     return out, dict(nfe=tsess.nfe, nfe_draft=dsess.nfe, tokens=len(out), seconds=seconds,
                      rounds=rounds, accept_hist=dict(sorted(hist.items())),
                      mean_accepted=sum(k * v for k, v in hist.items()) / max(rounds, 1),
-                     tokens_per_s=len(out) / seconds)
+                     round_ends=dict(ends), tokens_per_s=len(out) / seconds)

@@ -511,9 +511,9 @@ def test_gated_acceptance_takes_sure_drafts_then_the_targets_own_step():
     logits = torch.stack([torch.stack([row(7, 0.5), row(4, 0.99), row(6, 0.95), row(5, 0.5)]),
                           torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)]),
                           torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)])])
-    new, accepted, steps = speculate.accept_exact(logits, copies, d, 0, rule, gate=0.9)
-    assert (accepted, steps) == (1, 2) and new.tolist() == [MASK_ID, MASK_ID, 6, 5]
-    new, accepted, steps = speculate.accept_exact(logits, copies, d, 0, rule, gate=None)
+    new, accepted, steps, why = speculate.accept_exact(logits, copies, d, 0, rule, gate=0.9)
+    assert (accepted, steps, why) == (1, 2, "target unsure") and new.tolist() == [MASK_ID, MASK_ID, 6, 5]
+    new, accepted, steps, why = speculate.accept_exact(logits, copies, d, 0, rule, gate=None)
     assert (accepted, steps) == (2, 3) and new.tolist() == [7, MASK_ID, 6, 5]
 
 
@@ -549,8 +549,8 @@ def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
     for _ in range(6000):
         d = speculate.draft(dsess, block, pos, rule, 2, generator=g)
         copies = d.states(block)
-        new, accepted, _ = speculate.accept_exact(speculate.verify_copies(tsess, copies, pos),
-                                                  copies, d, 0, rule, None, g)
+        new, accepted, _, _ = speculate.accept_exact(speculate.verify_copies(tsess, copies, pos),
+                                                     copies, d, 0, rule, None, g)
         first.append(int(new[0])), drafted.append(int(d.tokens[0]))
         if new[1] != mask_id:                          # position 1 was decided this round too
             second.append(int(new[1]))

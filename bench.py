@@ -5,11 +5,11 @@ low_confidence_dynamic at 0.9, and compares it with `threshold` instead of `plai
   sdar              plain decoding, one token per step, separate commit forward (SDAR's loop)
   plain             the same with the commit fused into the next block's first forward
   threshold         the threshold rule, fused commit
-  simsd             SimSD as `sample.py --spec simsd` runs it (= simsd-gated)
   simsd-paper       the paper's: gamma = B drafts, temporal-mask verifier, accept on agreement
   simsd-exact       the same drafts verified exactly (block copies), the paper's acceptance
   simsd-gated       exact states, accepted only where the target is sure (keeps its answers)
-  simsd-lossless    exact states, plain decoding's rule walked through them (must equal plain)
+  simsd-lossless    exact states, plain decoding's rule walked through them (must equal plain);
+                    simsd-lossless+threshold is what `sample.py --spec simsd` runs
   spiffy            Spiffy, draft graphs instead of a drafter (lossless: must equal plain)
 simsd-paper against simsd-exact is the order-versus-leak experiment: both lose the same
 answers, so the temporal mask's approximation is not what loses them.
@@ -53,14 +53,14 @@ from spiffy import calibrate, graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer
 
 PAPER_DRAFTS = dict(draft_threshold=None, draft_stop=None)   # gamma = B drafts, one a forward
-SIMSD = {  # name -> simsd_generate settings; "simsd" is sample.py's default
-    "simsd": dict(verifier="copies", acceptance="gated"),
+SIMSD = {  # name -> simsd_generate settings
     "simsd-paper": dict(verifier="temporal", acceptance="paper", **PAPER_DRAFTS),
     "simsd-exact": dict(verifier="copies", acceptance="paper", **PAPER_DRAFTS),
     "simsd-gated": dict(verifier="copies", acceptance="gated"),
     "simsd-lossless": dict(verifier="copies", acceptance="lossless")}
 BASES = ("sdar", "plain", *SIMSD, "spiffy")
-METHODS = ("sdar", "plain", "threshold", "simsd", "simsd+threshold", "spiffy", "spiffy+threshold")
+METHODS = ("sdar", "plain", "threshold", "simsd-gated", "simsd-lossless+threshold", "spiffy",
+           "spiffy+threshold")
 LOSSLESS = ("sdar", "simsd-lossless", "spiffy")   # exact in exact arithmetic: must equal plain
 
 

@@ -30,7 +30,8 @@ Design notes, section 3 (after the SimSD paper). Per round, on the current block
 
 Measured on the embedded pair (README): what loses answers at B = 8 and 32 is the ORDER the
 drafter reveals positions in, not the temporal mask's approximation: "copies" with "paper"
-loses as many as "temporal". The gate keeps the target's answers.
+loses as many as "temporal". "gated" keeps the target's answers; "lossless" on the threshold
+rule keeps them exactly and is the fastest of the three (sample.py's default).
 
     python sample.py --spec simsd                  # on the embedded models
 """
@@ -203,7 +204,7 @@ def check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_sto
 
 @torch.no_grad()
 def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifier="copies",
-                   acceptance="gated", gamma=None, gate=0.9, draft_threshold=DRAFT_THRESHOLD,
+                   acceptance="lossless", gamma=None, gate=0.9, draft_threshold=DRAFT_THRESHOLD,
                    draft_stop=DRAFT_STOP,
                    rope_copy=True, order="tau", fuse_commit=True, eos_id=None, generator=None,
                    on_block=None):

@@ -184,7 +184,7 @@ CASES = {
     "bench-unknown-ablation": (None, "bench.py --ablate speed", "unknown --ablate"),
     "bench-sdar-threshold": (None, "bench.py --methods sdar+threshold", "unknown method 'sdar+threshold'"),
     "bench-gate-unused": (None, "bench.py --methods plain,spiffy --gate 0.8", "--gate does nothing"),
-    "bench-gate-1.5": (None, "bench.py --methods simsd --gate 1.5", "gate must be in (0, 1]"),
+    "bench-gate-1.5": (None, "bench.py --methods simsd-gated --gate 1.5", "gate must be in (0, 1]"),
     "bench-unused-draft-budget": (None, "bench.py --methods plain --draft-budget 4",
                                   "--draft-budget does nothing with --methods plain"),
     "bench-unused-sweep": (None, "bench.py --methods plain,spiffy --sweep gamma", "--sweep does nothing"),

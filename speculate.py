@@ -175,7 +175,7 @@ def accept_exact(logits, copies, d, step, rule, gate=None, generator=None):
     if accepted < n and (gate is None or bool(gated[accepted])):
         block = copies[accepted].clone()
         block[d.pos[accepted]] = correct(p_target[accepted], d.p_draft[accepted], rule, generator)
-        return block, accepted, accepted + 1, "target sure, draft rejected"
+        return block, accepted, accepted + 1, "draft rejected" if gate is None else "target sure, draft rejected"
     why = "every draft accepted" if accepted == n else "target unsure"
     if not (copies[accepted] == rule.mask_id).any():                 # every draft taken: full
         return copies[accepted], accepted, accepted, why

@@ -276,6 +276,8 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
         t0 = time.perf_counter()
         run(tasks[0][0], max_new_tokens, tok.eos_id)
         warmup[key] = time.perf_counter() - t0
+    from torch._dynamo.utils import counters
+    graphs_after_warmup = counters["stats"]["unique_graphs"]
     bar = tqdm(total=len(tasks) * repeats, desc="bench (prompts)", file=sys.stderr)
     outputs, results = measure({k: run for k, (_, run) in plan.items()}, tasks, max_new_tokens,
                                tok.eos_id, tok, repeats, device, bar)
@@ -305,10 +307,11 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
     for n in notes + [f"FAILED: {f}" for f in failed]:
         print(n)
     dynamo = {}
-    if compile:
-        from torch._dynamo.utils import counters
-        dynamo = {k: dict(v) for k, v in counters.items() if k in ("stats", "recompiles")}
-        print(f"torch._dynamo counters: {dynamo}")
+    if compile:   # graphs compiled after the warm-up: recompiles the timed runs paid for
+        dynamo = dict(unique_graphs=counters["stats"]["unique_graphs"],
+                      graphs_after_warmup=counters["stats"]["unique_graphs"] - graphs_after_warmup,
+                      recompiles=dict(counters["recompiles"]))
+        print(f"torch.compile: {dynamo}")
     result = dict(target=str(target), drafter=str(drafter), device=device, torch=torch.__version__,
                   prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats,
                   results=rows, lossless_ok=not failed, dynamo=dynamo, notes=notes,

@@ -469,8 +469,10 @@ def perturbed(model, seed, scale=0.1):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampling"])
-@pytest.mark.parametrize("rule_kw", [dict(), dict(strategy="low_confidence_dynamic", threshold=0.6)],
-                         ids=["static", "threshold"])
+@pytest.mark.parametrize("rule_kw", [dict(), dict(strategy="low_confidence_dynamic", threshold=0.6),
+                                     dict(strategy="random"), dict(strategy="sequential"),
+                                     dict(strategy="entropy_bounded", eb_threshold=0.5)],
+                         ids=["static", "threshold", "random", "sequential", "entropy"])
 @pytest.mark.parametrize("B", [4, 8])
 def test_lossless_simsd_equals_plain_decoding(tiny_model, B, rule_kw, temperature):
     """The target's rule walked through the drafter's exact states: plain decoding's tokens
@@ -484,7 +486,7 @@ def test_lossless_simsd_equals_plain_decoding(tiny_model, B, rule_kw, temperatur
         plain, _ = generate(target, prompt, max_new, rule, eos_id=NO_EOS,
                             generator=torch.Generator().manual_seed(k))
         out, stats = simsd_generate(target, drafter, prompt, max_new, rule, acceptance="lossless",
-                                    draft_threshold=rule_kw.get("threshold"), eos_id=NO_EOS,
+                                    draft_threshold=rule_kw.get("threshold", 0.5), eos_id=NO_EOS,
                                     generator=torch.Generator().manual_seed(k))
         assert out == plain, f"prompt {k}"
         hist.update(stats["accept_hist"])

@@ -87,6 +87,13 @@ class DecodeRule:
         full = (logits.float() / (self.temperature or 1.0)).softmax(-1)
         return full.gather(-1, tokens[:, None]).squeeze(-1)
 
+    def top_confidence(self, logits):
+        """(n,) SDAR's confidence of each row's most likely non-mask token (top-k and top-p
+        always keep it), without building the filtered distribution."""
+        scaled = logits.float() / (self.temperature or 1.0)
+        best = scaled.index_fill(-1, torch.tensor([self.mask_id], device=scaled.device), -math.inf)
+        return (best.max(-1).values - scaled.logsumexp(-1)).exp()
+
     def pick(self, logits, generator=None):
         """Per row of (n, V) logits: a token drawn from `probs` (argmax when greedy), its
         confidence, and the distribution it was drawn from. -> (tokens, confidence, p)."""

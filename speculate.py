@@ -167,8 +167,7 @@ def accept_exact(logits, copies, d, step, rule, gate=None, generator=None):
     ok = agree(p_target, d, rule, generator)
     if gate is not None:
         masked = copies[:n] == rule.mask_id                          # (n, B)
-        top = rule.confidence(logits[:n].flatten(0, 1), rule.probs(logits[:n].flatten(0, 1)).argmax(-1))
-        top = top.view(n, -1).masked_fill(~masked, -1.0)             # (n, B) top-token confidence
+        top = rule.top_confidence(logits[:n]).masked_fill(~masked, -1.0)  # (n, B)
         gated = (top.argmax(-1) == d.pos) | (top[k, d.pos] > gate)
         ok &= gated
     accepted = int(first_true(~ok))                                  # host sync

@@ -109,3 +109,11 @@ def test_random_reveals_the_quota_at_positions_drawn_from_the_generator():
         assert torch.equal(new, again) and int((new != MASK).sum()) == 2
         seen |= set((new != MASK).nonzero().flatten().tolist())
     assert len(seen) == 8
+
+
+def test_top_confidence_is_the_confidence_of_the_most_likely_token():
+    rule = DecodeRule(MASK, 4, temperature=0.7, top_k=3, top_p=0.9)
+    logits = torch.randn(12, V, generator=torch.Generator().manual_seed(0)) * 3
+    logits[0, MASK] = 50.0                                           # the mask never counts as best
+    expected = rule.confidence(logits, rule.probs(logits).argmax(-1))
+    torch.testing.assert_close(rule.top_confidence(logits), expected)

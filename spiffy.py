@@ -19,6 +19,7 @@ the random draws in the same order, so the output is plain decoding's, token for
 (Exact in exact arithmetic, token for token in fp32; bf16 rounding: see verify.py.)
 
     python spiffy.py --calibrate            # models/target/spiffy_graph_b{4,8,32}_{static,t0.9}.json
+    python spiffy.py --calibrate --strategy sequential --block-size 8   # another SDAR strategy
     python sample.py --spec spiffy
 """
 import argparse
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 
 import util
-from decode import DecodeRule, Session, check_prompt, decode
+from decode import STRATEGIES, DecodeRule, Session, check_prompt, decode
 from verify import verify_copies, walk
 
 
@@ -115,7 +116,9 @@ def load_graph(path, rule):
     """Read a calibrated graph; refuse one made for another block size or decoding rule."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"draft graph {path} not found (run `python spiffy.py --calibrate`)")
+        extra = "" if rule.strategy.startswith("low_confidence") else f" --strategy {rule.strategy}"
+        raise FileNotFoundError(f"draft graph {path} not found (run `python spiffy.py --calibrate "
+                                f"--block-size {rule.block_size}{extra}`)")
     try:
         g = json.loads(path.read_text())
         g["nodes"] = [tuple(tuple(p) for p in n) for n in g["nodes"]]
@@ -216,12 +219,13 @@ def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
 
 
 def main(target="models/target", block_sizes=(4, 8, 32), thresholds=(None, 0.9), prompts=50,
-         budget=16, max_new_tokens=64):
-    """Calibrate and save a graph per (block size, rule) on training-split problems. Every
+         budget=16, max_new_tokens=64, strategy=None, eb_threshold=0.35):
+    """Calibrate and save a graph per (block size, rule) on training-split problems: the static
+    and threshold rules, or one other of SDAR's strategies when `strategy` is given. Every
     flag, the target and each block size (one the target was trained for) are checked before
     the first graph is written; each graph file is replaced whole."""
     from prepare import problems
-    from sample import check_block_size, load
+    from sample import check_block_size, load, make_rule
     util.check_positive(prompts=prompts, budget=budget, max_new_tokens=max_new_tokens)
     for B in block_sizes:
         util.check_positive(block_size=B)
@@ -231,9 +235,8 @@ def main(target="models/target", block_sizes=(4, 8, 32), thresholds=(None, 0.9),
     util.check_writable(target, "--target", folder=True)
     ids = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(prompts, "train")]
     for B in block_sizes:
-        for th in thresholds:
-            rule = DecodeRule(model.config.mask_token_id, B, threshold=th or 0.9,
-                              strategy="low_confidence_dynamic" if th else "low_confidence_static")
+        for th in thresholds if strategy is None else (None,):
+            rule = make_rule(model, B, th, strategy=strategy, eb_threshold=eb_threshold)
             t0 = time.perf_counter()
             g = calibrate(model, ids, rule, max_new_tokens, budget)
             path = graph_path(target, rule)
@@ -250,8 +253,11 @@ if __name__ == "__main__":
     ap.add_argument("--block-size", default="4,8,32", help="comma-separated")
     ap.add_argument("--prompts", type=int, default=50, help="training-split problems to run")
     ap.add_argument("--budget", type=int, default=16, help="D: nodes kept in the graph")
+    ap.add_argument("--strategy", default=None, choices=STRATEGIES,
+                    help="calibrate for this SDAR strategy (default: the static and threshold rules)")
+    ap.add_argument("--eb-threshold", type=float, default=0.35, help="entropy_bounded's bound")
     a = ap.parse_args()
     if not a.calibrate:
         ap.error("nothing to do: pass --calibrate")
     util.run(lambda: main(a.target, util.int_list(a.block_size, "--block-size"), prompts=a.prompts,
-                          budget=a.budget))
+                          budget=a.budget, strategy=a.strategy, eb_threshold=a.eb_threshold))

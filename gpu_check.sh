@@ -8,5 +8,5 @@ out=${OUT:-.}
 python -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 python -m pytest -q tests/test_cuda.py tests/test_model.py tests/test_speculate.py tests/test_spiffy.py
 python bench.py --device cuda --dtype bfloat16 --compile --block-size 4,8,32 --prompts 40 \
-    --methods sdar,plain,threshold,simsd,simsd-lossless,spiffy,spiffy+threshold --out "$out/gpu_bench.json"
+    --methods sdar,plain,threshold,simsd-gated,simsd-lossless,simsd-lossless+threshold,spiffy,spiffy+threshold --out "$out/gpu_bench.json"
 python bench.py --speed-of-light sdar-8b --device cuda --dtype bfloat16 | tee "$out/gpu_sol.txt"

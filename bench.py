@@ -104,16 +104,22 @@ def load_tasks(data, n, tok, chat):
 
 def runner(method, target, drafter, B, graphs, draft_budget=8, strategy=None, **simsd):
     """-> f(prompt ids, max_new_tokens, eos) -> (ids, stats) for one method at block size B;
-    `strategy` replaces the one-token rule of the methods without +threshold."""
+    `strategy` replaces the one-token rule of the methods without +threshold. Every call gets
+    a generator seeded alike, so that `random` positions are comparable across methods."""
     base, threshold = parse_method(method)
     rule = make_rule(target, B, 0.9 if threshold else None, strategy=None if threshold else strategy)
+    device = target.embed.weight.device
+    seeded = lambda: torch.Generator(device).manual_seed(0)
     if base in ("sdar", "plain"):
-        return lambda ids, n, eos: generate(target, ids, n, rule, fuse_commit=base == "plain", eos_id=eos)
+        return lambda ids, n, eos: generate(target, ids, n, rule, fuse_commit=base == "plain",
+                                            eos_id=eos, generator=seeded())
     if base in SIMSD:
         kw = {**simsd, **SIMSD[base]}
-        return lambda ids, n, eos: simsd_generate(target, drafter, ids, n, rule, eos_id=eos, **kw)
+        return lambda ids, n, eos: simsd_generate(target, drafter, ids, n, rule, eos_id=eos,
+                                                  generator=seeded(), **kw)
     graph = graphs(rule)
-    return lambda ids, n, eos: spiffy_generate(target, ids, n, rule, graph, draft_budget, eos_id=eos)
+    return lambda ids, n, eos: spiffy_generate(target, ids, n, rule, graph, draft_budget, eos_id=eos,
+                                               generator=seeded())
 
 
 def measure(runs, tasks, max_new_tokens, eos, tok, repeats, device, bar):

@@ -84,8 +84,8 @@ class DecodeRule:
     def confidence(self, logits, tokens):
         """SDAR's confidence of (n,) tokens under (n, V) logits: their probability under the
         temperature-scaled softmax over the whole vocabulary, before top-k / top-p."""
-        full = (logits.float() / (self.temperature or 1.0)).softmax(-1)
-        return full.gather(-1, tokens[:, None]).squeeze(-1)
+        scaled = logits.float() / (self.temperature or 1.0)       # no (n, V) softmax needed
+        return (scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(-1)).exp()
 
     def top_confidence(self, logits):
         """(n,) SDAR's confidence of each row's most likely non-mask token (top-k and top-p

@@ -78,7 +78,7 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
                               keep=len(block))
         masked = (block == rule.mask_id).nonzero().squeeze(-1)
         p = rule.probs(logits[masked])                               # (m, V)
-        conf = rule.confidence(logits[masked], p.argmax(-1))
+        conf = rule.top_confidence(logits[masked])
         conf, order = conf.sort(descending=True, stable=True)
         sure = 1 + int((conf[1:] > draft_threshold).sum()) if draft_threshold else 1  # host sync
         take = order[:min(sure, left)]

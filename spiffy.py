@@ -44,8 +44,7 @@ def ranks(logits, state, rule, k=None):
     masked = (state == rule.mask_id).nonzero().squeeze(-1)
     p = rule.probs(logits[masked])                     # (m, V)
     p_sorted, tok_order = p.sort(-1, descending=True) if k is None else p.topk(min(k, p.shape[-1]))
-    top_conf = rule.confidence(logits[masked], tok_order[:, 0])
-    by_conf = top_conf.sort(descending=True, stable=True).indices
+    by_conf = rule.top_confidence(logits[masked]).sort(descending=True, stable=True).indices
     return masked[by_conf], tok_order[by_conf], p_sorted[by_conf]
 
 

@@ -40,14 +40,14 @@ def int_list(text, flag):
         raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None
 
 
-def read_json(path):
-    """The JSON object in `path`; a file that is not one raises a ValueError naming it."""
+def read_json(path, kind=dict):
+    """The JSON object (or `kind`) in `path`; a file that is not one raises a ValueError naming it."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"malformed JSON in {path}: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not an object")
+    if not isinstance(data, kind):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not a{'n object' if kind is dict else ' list'}")
     return data
 
 

@@ -5,6 +5,7 @@ input through the tools themselves is tests/test_errors.py."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import sentencepiece as spm
 import torch
@@ -155,6 +156,55 @@ def test_training_loss_keeps_every_tensor_on_the_data_device(monkeypatch):
     x0 = torch.zeros(2, 64, dtype=torch.long, device="meta")
     for B in train.BLOCK_SIZES:
         assert train.bd3lm_loss(model, x0, B, torch.Generator()).device.type == "meta"
+
+
+def test_mark_prompts_keeps_each_question_clean_and_pads_each_answer():
+    tok = load_tokenizer(DEFAULT_TARGET)
+    text = tok.encode("ROMEO. Answer me, I pray.") + [tok.eos_id]     # no "Answer:": noised
+    ps = problems(3, "test")
+    docs = [tok.encode(f"Question: {p['question']}\nAnswer: {p['answer']}") + [tok.eos_id] for p in ps]
+    data = np.array(text + [i for d in docs for i in d], np.uint16)
+    padded, keep = train.mark_prompts(data, tok.encode("Answer:"), tok.eos_id, pad=5)
+    assert not keep[:len(text)].any() and (padded[:len(text)] == text).all()
+    start = len(text)
+    for p, d in zip(ps, docs):
+        k = keep[start:start + len(d)]
+        assert k[:k.sum()].all() and tok.decode(d[:k.sum()]) == f"Question: {p['question']}\nAnswer:"
+        assert (padded[start:start + len(d)] == d).all() and not keep[start + k.sum():start + len(d) + 5].any()
+        assert (padded[start + len(d):start + len(d) + 5] == tok.eos_id).all()   # the padding
+        start += len(d) + 5
+    assert start == len(padded)
+    x0 = torch.arange(256).view(2, 128)
+    xt, masked = train.noise(x0, 8, -1, torch.Generator().manual_seed(0), keep=x0 % 3 == 0)
+    assert not masked[x0 % 3 == 0].any() and masked.any() and (xt[masked] == -1).all()
+
+
+def test_after_answer_counts_only_steps_with_the_answer_complete():
+    from decode import DecodeRule
+    rule = train.AfterAnswer(DecodeRule(3, 4), eos_id=2)
+    logits = torch.randn(4, 10)
+    for block, counted in (([3, 3, 3, 3], 0), ([5, 2, 3, 3], 1), ([3, 2, 3, 3], 0), ([2, 3, 3, 3], 1),
+                           ([5, 6, 3, 3], 0)):
+        before = rule.steps
+        assert rule(logits, torch.tensor(block), 0).tolist() == DecodeRule(3, 4)(logits, torch.tensor(block), 0).tolist()
+        assert rule.steps - before == counted, block
+
+
+def test_finetune_starts_from_stage_one_and_lowers_the_answer_loss(tmp_path):
+    data = tiny_corpus(tmp_path)
+    kw = dict(preset="tiny", data_dir=data, out_dir=tmp_path / "m", batch_size=8, seq_len=64,
+              eval_every=30, eval_batches=2)
+    with pytest.raises(FileNotFoundError, match="train it first"):
+        train.main(**kw, finetune=True, ckpt_dir=tmp_path / "ck2")
+    with pytest.raises(ValueError, match="not of this preset's shape"):
+        train.main(**dict(kw, out_dir=DEFAULT_TARGET), finetune=True, ckpt_dir=tmp_path / "ck2")
+    train.main(**kw, iters=60, ckpt_dir=tmp_path / "ck1")
+    train.main(**kw, iters=60, ckpt_dir=tmp_path / "ck2", finetune=True)
+    log = json.loads((tmp_path / "m" / "train_log.json").read_text())
+    one, two = log[:3], log[3:]
+    assert [r.get("stage") for r in log] == [None] * 3 + ["finetune"] * 3
+    assert two[0]["val_answer/B4"] < one[0]["val_answer/B4"] - 0.5   # began where stage one ended
+    assert two[-1]["val_answer/B4"] < two[0]["val_answer/B4"]
 
 
 class Interrupted(Exception):

@@ -244,6 +244,7 @@ CASES = {
     "train-resume-corrupt": (data_and("out/tiny/ckpt.pt", b"PK\x03\x04 half a zip"), TRAIN + " --resume",
                              "--resume: cannot read"),
     "train-out-dir-a-file": (data_and("f", "not a directory"), TRAIN + " --out-dir {d}/f", "is not a directory"),
+    "train-finetune-first": (data, TRAIN + " --finetune --out-dir {d}/m", "--finetune: no model in"),
     # spiffy.py --calibrate
     "calibrate-nothing-to-do": (target, "spiffy.py --target {t}", "pass --calibrate"),
     "calibrate-block-size-16-0": (target, CALIBRATE + " --block-size 16,0", "--block-size must be >= 1, got 0"),

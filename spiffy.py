@@ -41,7 +41,7 @@ def ranks(logits, state, rule, k=None):
     `logits` (the distribution the drafts are built from; the rule's own confidence), and
     their k most likely tokens under the rule's `probs` (all if None);
     -> (positions by rank, (m, k) token order, (m, k) probs)."""
-    masked = (state == rule.mask_id).nonzero().squeeze(-1)
+    masked = (state == rule.mask_id).nonzero().squeeze(-1)   # host sync (a data-dependent size)
     p = rule.probs(logits[masked])                     # (m, V)
     p_sorted, tok_order = p.sort(-1, descending=True) if k is None else p.topk(min(k, p.shape[-1]))
     by_conf = rule.top_confidence(logits[masked]).sort(descending=True, stable=True).indices
@@ -164,19 +164,16 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
     ids = check_prompt(prompt, c, max_new_tokens, model.embed.weight.device)
     B, t0 = rule.block_size, time.perf_counter()
     sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 3) * B, fuse_commit)
-    advanced, verified, t_model = Counter(), Counter(), 0.0
+    advanced, verified = Counter(), Counter()
 
     def fill_block(block, pos):
-        nonlocal t_model
         step, last_logits, states, trajectory = 0, None, [block], []
         while (block == rule.mask_id).any():                   # host sync
             drafts = []
             if graph and last_logits is not None:
                 drafts = build_drafts(last_logits, block, graph, draft_budget, rule)
             copies = torch.stack([block] + drafts)
-            t = time.perf_counter()
             logits = verify_copies(sess, copies, pos)
-            t_model += time.perf_counter() - t
             path = walk(logits, copies, step, rule, generator)
             if record:                                         # calibration only: keeps logits
                 trajectory += [lg for lg, _ in path]
@@ -193,8 +190,7 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
     seconds = time.perf_counter() - t0
     return out, dict(nfe=sess.nfe, tokens=len(out), seconds=seconds, tokens_per_s=len(out) / seconds,
                      steps_per_forward=dict(sorted(advanced.items())),
-                     nodes_per_forward=dict(sorted(verified.items())),
-                     model_seconds=t_model)
+                     nodes_per_forward=dict(sorted(verified.items())))
 
 
 def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):

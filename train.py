@@ -54,13 +54,13 @@ from tokenizer import load_tokenizer
 # finetune: the second stage (--finetune), from the first stage's model, answers only
 PRESETS = {
     "target": dict(model=dict(n_layer=4, n_embd=256, n_head=4, n_kv_head=2, head_dim=64,
-                              intermediate_size=768), iters=2500, lr=1.5e-3,
+                              intermediate_size=768), iters=2500, lr=1.5e-3, warmup=200,
                    finetune=dict(iters=1400, lr=5e-4, warmup=50)),
     "drafter": dict(model=dict(n_layer=2, n_embd=128, n_head=2, n_kv_head=1, head_dim=64,
-                               intermediate_size=384), iters=1200, lr=3e-3,
+                               intermediate_size=384), iters=1200, lr=3e-3, warmup=200,
                     finetune=dict(iters=2000, lr=2e-3, warmup=50)),
     "tiny": dict(model=dict(n_layer=1, n_embd=32, n_head=2, n_kv_head=1, head_dim=16,
-                            intermediate_size=64), iters=40, lr=3e-3,
+                            intermediate_size=64), iters=40, lr=3e-3, warmup=200,
                  finetune=dict(iters=20, lr=3e-3, warmup=5)),
 }
 BLOCK_SIZES = (4, 8, 32)
@@ -258,7 +258,7 @@ def check_args(preset, iters, batch_size, seq_len, lr, warmup, eval_every, eval_
                          f"{BLOCK_SIZES} tiles it; got {seq_len}")
     if lr is not None and not lr > 0:
         raise ValueError(f"--lr must be > 0, got {lr}")
-    if warmup < 0:
+    if warmup is not None and warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     check_device(device)
 
@@ -327,11 +327,11 @@ def main(preset="target", data_dir="data", out_dir=None, iters=None, batch_size=
          lr=None, warmup=None, weight_decay=0.1, grad_clip=1.0, eval_every=250, eval_batches=4,
          seed=1337, resume=False, device="cpu", threads=None, ckpt_dir=None, finetune=False):
     """Stage one, or with finetune stage two from stage one's model in out_dir (module doc)."""
-    check_args(preset, iters, batch_size, seq_len, lr, warmup or 0, eval_every, eval_batches,
+    check_args(preset, iters, batch_size, seq_len, lr, warmup, eval_every, eval_batches,
                threads, device)
     stage = PRESETS[preset]["finetune"] if finetune else PRESETS[preset]
-    iters, lr, warmup = iters or stage["iters"], lr or stage["lr"], (
-        stage.get("warmup", 200) if warmup is None else warmup)
+    iters, lr = iters or stage["iters"], lr or stage["lr"]
+    warmup = stage["warmup"] if warmup is None else warmup
     data_dir, out_dir = Path(data_dir), Path(out_dir or f"models/{preset}")
     ckpt_file = Path(ckpt_dir or f"out/{preset}{'-finetune' if finetune else ''}") / "ckpt.pt"
     meta, tok = check_data(data_dir, seq_len)

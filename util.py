@@ -47,7 +47,8 @@ def read_json(path, kind=dict):
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"malformed JSON in {path}: {e}") from None
     if not isinstance(data, kind):
-        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not a{'n object' if kind is dict else ' list'}")
+        want = "an object" if kind is dict else "a list"
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not {want}")
     return data
 
 

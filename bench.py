@@ -46,8 +46,8 @@ from tqdm import tqdm
 import util
 from decode import STRATEGIES, generate
 from prepare import extract_answer, problems
-from sample import (DEFAULT_DRAFTER, DEFAULT_TARGET, add_simsd_flags, check_block_size,
-                    check_device, check_used, load, make_rule)
+from sample import (COMPILE_MODES, DEFAULT_DRAFTER, DEFAULT_TARGET, add_simsd_flags,
+                    check_block_size, check_device, check_used, compile_model, load, make_rule)
 from speculate import check_settings, simsd_generate
 from spiffy import calibrate, graph_path, load_graph, spiffy_generate
 from tokenizer import check_same_tokenizer
@@ -256,7 +256,7 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
     if compile:
         for m in (tgt, drf):
             if m is not None:
-                m.compile(dynamic=True)
+                compile_model(m, compile)
     tasks = load_tasks(data, prompts, tok, chat)
     notes, rows, failed = [], [], []
     graphs = graphs_for(target, tgt, problems(50, "train"), tok, notes)
@@ -339,7 +339,8 @@ def parse_args(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--compile", nargs="?", const="auto", choices=COMPILE_MODES,
+                    help="torch.compile: static shapes and CUDA graphs on CUDA, dynamic on the CPU (auto)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--data", default=None, help="GSM8K-format JSONL (question, answer)")
     ap.add_argument("--chat", action="store_true", help="ChatML prompts (chat checkpoints)")

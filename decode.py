@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 import mask as masks
 @dataclass
@@ -91,7 +92,8 @@ class DecodeRule:
         """(n,) SDAR's confidence of each row's most likely non-mask token (top-k and top-p
         always keep it), without building the filtered distribution."""
         scaled = logits.float() / (self.temperature or 1.0)
-        best = scaled.index_fill(-1, torch.tensor([self.mask_id], device=scaled.device), -math.inf)
+        best = scaled.clone()
+        best[..., self.mask_id] = -math.inf      # (a scalar index: no host-to-device copy)
         return (best.max(-1).values - scaled.logsumexp(-1)).exp()
 
     def pick(self, logits, generator=None):
@@ -104,34 +106,42 @@ class DecodeRule:
             tokens = torch.multinomial(p, 1, generator=generator).squeeze(-1)
         return tokens, self.confidence(logits, tokens), p
 
+    @property
+    def stateless(self):
+        """A step depends on nothing but the state and its logits: no random draw, and the same
+        quota at every step. Such a rule can step many states in one call (Spiffy's walk)."""
+        return self.temperature == 0 and self.strategy != "random" and len(set(self.quota)) == 1
+
     def __call__(self, logits, block, step, generator=None):
-        """logits: (B, V) for the block; block: (B,) with mask_id at unknown positions;
-        step: index of this step within the block. Returns the next state of the block.
-        No host sync: every position is scored and ranked, the known ones last."""
-        masked = block == self.mask_id                                  # (B,)
-        tokens, confidence, p = self.pick(logits, generator)             # (B,) each
+        """logits: (..., B, V) for the block; block: (..., B) with mask_id at unknown positions;
+        step: index of this step within the block. Returns the next state of the block (of
+        every block at once, when batched). No host sync: every position is scored and
+        ranked, the known ones last."""
+        masked = block == self.mask_id                                  # (..., B)
+        tokens, confidence, p = self.pick(logits.flatten(0, -2), generator)
+        tokens, confidence = tokens.view(block.shape), confidence.view(block.shape)
         if self.strategy == "random":
-            score = torch.rand(len(block), generator=generator, device=block.device)
-        elif self.strategy == "sequential":
-            score = -torch.arange(len(block), device=block.device, dtype=torch.float)  # leftmost
-        elif self.strategy == "entropy_bounded":
-            score = (p * p.clamp(min=1e-30).log()).sum(-1)               # -entropy: surest first
+            score = torch.rand(block.shape, generator=generator, device=block.device)
+        elif self.strategy == "sequential":                              # leftmost first
+            score = -torch.arange(block.shape[-1], device=block.device, dtype=torch.float).expand(block.shape)
+        elif self.strategy == "entropy_bounded":                         # -entropy: surest first
+            score = (p * p.clamp(min=1e-30).log()).sum(-1).view(block.shape)
         else:
             score = confidence
         score = score.masked_fill(~masked, -math.inf)
-        order = score.sort(descending=True, stable=True).indices         # ties: leftmost first
-        rank = torch.empty_like(order)
-        rank[order] = torch.arange(len(order), device=order.device)
+        order = score.sort(dim=-1, descending=True, stable=True).indices  # ties: leftmost first
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(
+            block.shape[-1], device=order.device).expand_as(order))
         reveal = rank < self.quota[min(step, self.steps - 1)]
         if self.strategy == "low_confidence_dynamic":
             reveal |= confidence > self.threshold
         elif self.strategy == "entropy_bounded":                         # the run under the bound
-            reveal = rank.new_zeros(len(rank), dtype=torch.bool)
-            reveal[order] = (-score[order]).cumsum(0) < self.eb_threshold
-            reveal |= rank == 0
+            under = (-score.gather(-1, order)).cumsum(-1) < self.eb_threshold
+            reveal = torch.zeros_like(masked).scatter_(-1, order, under) | (rank == 0)
         return torch.where(reveal & masked, tokens, block)
 
 
+MAX_BUCKET = 16   # static shapes: queries padded to 1, 2, 4, 8 or 16 blocks (more: not padded)
 STRATEGIES = ("low_confidence_static", "low_confidence_dynamic", "random", "sequential",
               "entropy_bounded")
 
@@ -145,20 +155,31 @@ class Session:
 
     def __init__(self, model, block_size, max_len, fuse_commit=True):
         self.model, self.block_size, self.fuse_commit = model, block_size, fuse_commit
-        model.setup_cache(max_len)
+        self.static = model.static_trunk is not None      # model.compile_decoding
+        model.setup_cache(max_len + self.static * (MAX_BUCKET // 2) * block_size)  # + padding
         self.device = model.embed.weight.device
         self.committed, self.pending, self.nfe = 0, None, 0
 
     def forward(self, tokens, pos, mask_for, keep):
         """One forward of [pending ; tokens]. mask_for(prefix, n_commit) builds the mask_mod
-        (prefix = committed rows, n_commit = rows of the pending block); -> (keep, V) logits."""
+        (prefix = committed rows, n_commit = rows of the pending block); -> (keep, V) logits.
+        With static shapes (and at most MAX_BUCKET blocks of queries), the queries are padded
+        to a power of two of blocks and the row numbers travel as one device tensor."""
         n_commit = 0 if self.pending is None else len(self.pending)
         if n_commit:
             tokens = torch.cat([self.pending, tokens])
             pos = torch.cat([torch.arange(self.committed, self.committed + n_commit,
                                           device=self.device), pos])
-        logits = self.model(tokens[None], pos, self.committed, mask_for(self.committed, n_commit),
-                            keep=keep)
+        T, B = len(tokens), self.block_size
+        if self.static and T <= MAX_BUCKET * B:
+            pad = (B << (-(-T // B) - 1).bit_length()) - T
+            start, n_commit_t, n_real = to_device([self.committed, n_commit, T], self.device)
+            mask = masks.padded(mask_for(start, n_commit_t), start, n_real)
+            x = self.model.static_trunk(F.pad(tokens, (0, pad))[None], F.pad(pos, (0, pad)), start, mask)
+            logits = self.model.head(x[:, T - keep:T])
+        else:
+            logits = self.model(tokens[None], pos, self.committed, mask_for(self.committed, n_commit),
+                                keep=keep)
         self.committed, self.pending = self.committed + n_commit, None
         self.nfe += 1
         return logits[0]
@@ -178,27 +199,47 @@ class Session:
             self.block_size, c), keep=0)
 
 
+def to_host(*tensors):
+    """Tensors -> nested lists, with ONE host sync however many there are: each is copied
+    without blocking, then the stream is waited for once. The decoders' planned host syncs
+    all go through here (tests/test_syncs.py counts them)."""
+    host = [t.to("cpu", non_blocking=True) for t in tensors]
+    if any(t.is_cuda for t in tensors):
+        torch.cuda.current_stream().synchronize()
+    return [h.tolist() for h in host]
+
+
+def to_device(rows, device):
+    """A nested list of ints -> a long tensor on `device`, without a host sync (a plain
+    copy from pageable memory waits for the GPU; one from pinned memory need not)."""
+    t = torch.tensor(rows, dtype=torch.long)
+    return t.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else t
+
+
 def check_prompt(prompt, config, max_new_tokens, device):
-    ids = torch.as_tensor(prompt, dtype=torch.long, device=device).flatten()
-    if len(ids) == 0:
+    """Check the prompt on the host (ids in the vocabulary, no mask token, room for the
+    generation); -> its ids on `device`."""
+    ids = prompt.flatten().tolist() if torch.is_tensor(prompt) else list(prompt)
+    if not ids:
         raise ValueError("empty prompt")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if ids.min() < 0 or ids.max() >= config.vocab_size:
-        raise ValueError(f"prompt token ids must be in [0, {config.vocab_size})")
-    if (ids == config.mask_token_id).any():
+    if not all(isinstance(i, int) and 0 <= i < config.vocab_size for i in ids):
+        raise ValueError(f"prompt token ids must be in [0, {config.vocab_size}) (integers)")
+    if config.mask_token_id in ids:
         raise ValueError("the prompt holds the mask token")
     if len(ids) + max_new_tokens > config.max_seq_len:
         raise ValueError(f"prompt ({len(ids)}) + max_new_tokens ({max_new_tokens}) exceeds the "
                          f"context of {config.max_seq_len} tokens")
-    return ids
+    return to_device(ids, device)
 
 
 def decode(fill_block, sessions, ids, block_size, max_new_tokens, mask_id, eos_id, on_block=None):
     """The block loop every decoder shares: prefill the prompt's whole blocks into each
     session, then fill block after block (the prompt tail stays in the first block as known
     tokens, so blocks stay on the grid the model was trained on) and commit each; stop at
-    EOS or max_new_tokens. fill_block(block, pos) -> the filled block."""
+    EOS or max_new_tokens. fill_block(block, pos) -> the filled block, and its host copy
+    (the copy a decoder made anyway to see that the block was full: no extra sync)."""
     B = block_size
     n_prefix = len(ids) // B * B
     for s in sessions:
@@ -207,10 +248,10 @@ def decode(fill_block, sessions, ids, block_size, max_new_tokens, mask_id, eos_i
     while len(out) < max_new_tokens:
         block = torch.full((B,), mask_id, device=ids.device)
         block[:len(tail)] = tail
-        block = fill_block(block, torch.arange(start, start + B, device=ids.device))
+        block, host = fill_block(block, torch.arange(start, start + B, device=ids.device))
         for s in sessions:
             s.commit(block)
-        new = block[len(tail):].tolist()  # host sync, once a block
+        new = host[len(tail):]
         tail, start, stop = tail[:0], start + B, eos_id in new
         new = new[:new.index(eos_id)] if stop else new
         out += new
@@ -237,12 +278,14 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
     B, t0 = rule.block_size, time.perf_counter()
     sess = Session(model, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
 
-    def fill_block(block, pos):
+    def fill_block(block, pos):   # a new block always starts with a masked position
         step = 0
-        while (block == rule.mask_id).any():  # host sync
+        while True:
             logits = sess.forward(block, pos, lambda c, n: masks.block_causal(B, c), keep=B)
             block, step = rule(logits, block, step, generator), step + 1
-        return block
+            host, = to_host(block)                      # host sync, once a forward
+            if rule.mask_id not in host:
+                return block, host
 
     eos = c.eos_token_id if eos_id is None else eos_id
     out = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, eos, on_block)

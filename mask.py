@@ -85,6 +85,16 @@ def bd3lm_training(block_size, n):
     return bd3lm_training_mask
 
 
+def padded(mask_mod, prefix, n_real):
+    """Static shapes (model.compile_decoding): the queries padded past `n_real` rows, the keys
+    the whole cache. A real query follows mask_mod on the keys written so far, [0, prefix +
+    n_real); a padding query sees its own key only (so that no row is empty)."""
+    def padded_mask(b, h, q_idx, kv_idx):
+        own = kv_idx < prefix + n_real
+        return torch.where(q_idx < n_real, own & mask_mod(b, h, q_idx, kv_idx), kv_idx == prefix + q_idx)
+    return padded_mask
+
+
 def dense_mask(mask_mod, q_len, kv_len, device=None):
     """Evaluate a mask_mod on broadcast aranges: a (q_len, kv_len) bool mask for SDPA."""
     q = torch.arange(q_len, device=device)[:, None]

@@ -186,7 +186,15 @@ class KVCache(nn.Module):
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    def update(self, start, k, v):  # k, v: (b, n_kv, T, hd)
+    def update(self, start, k, v):
+        """Write k, v (b, n_kv, T, hd) at rows [start, start + T); -> the keys and values to
+        attend to: rows [0, start + T), or the whole cache when start is a device tensor
+        (static shapes: the mask hides the rows past start + T)."""
+        if torch.is_tensor(start):
+            rows = start + torch.arange(k.shape[2], device=k.device)
+            self.k.index_copy_(2, rows, k)
+            self.v.index_copy_(2, rows, v)
+            return self.k, self.v
         end = start + k.shape[2]
         self.k[:, :, start:end], self.v[:, :, start:end] = k, v
         return self.k[:, :, :end], self.v[:, :, :end]
@@ -252,7 +260,8 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        self.attn_impl = None  # "flex" or "sdpa"; None: flex on CUDA, SDPA on CPU (faster there)
+        self.attn_impl = None  # "flex" or "sdpa"; None: flex compiled on CUDA, else SDPA (faster)
+        self.static_trunk = None  # compile_decoding: the trunk compiled for static shapes
         self.apply(self._init_weights)
 
     def _init_weights(self, m):
@@ -277,16 +286,21 @@ class Transformer(nn.Module):
         start: None for a cache-free forward, else the cache row the queries are written to.
         mask: a mask_mod, BlockMask or dense bool mask over keys [0, start + T); default
         block-causal. keep: compute logits for the last `keep` rows only. -> (b, keep, vocab)"""
-        b, T = idx.shape
-        off = start or 0
+        T, off = idx.shape[1], start or 0
         if pos is None:
             pos = torch.arange(off, off + T, device=idx.device)
-        if mask is None:
-            mask = masks.block_causal(self.config.block_size, off)
+        x = self.trunk(idx, pos, start, masks.block_causal(self.config.block_size, off) if mask is None else mask)
+        return self.head(x if keep is None else x[:, T - keep:])
+
+    def trunk(self, idx, pos, start, mask):
+        """Embedding, layers and final norm -> (b, T, n_embd). With `start` a device tensor the
+        shapes are static (keys: the whole cache), as compile_decoding needs."""
+        T = idx.shape[1]
         if callable(mask) and not isinstance(mask, BlockMask):
-            impl = self.attn_impl or ("flex" if idx.is_cuda else "sdpa")
-            to_mask = masks.block_mask if impl == "flex" else masks.dense_mask
-            mask = to_mask(mask, T, off + T, idx.device)
+            flex = self.attn_impl == "flex" or (self.attn_impl is None and idx.is_cuda
+                                               and torch.compiler.is_compiling())
+            kv_len = self.layers[0].attn.cache.k.shape[2] if torch.is_tensor(start) else (start or 0) + T
+            mask = (masks.block_mask if flex else masks.dense_mask)(mask, T, kv_len, idx.device)
         hd = self.config.head_dim
         inv_freq = self.config.rope_theta ** -(torch.arange(0, hd, 2, device=idx.device).float() / hd)
         angles = pos.view(-1, 1, T, 1).float() * inv_freq    # (b or 1, 1, T, hd/2)
@@ -294,8 +308,17 @@ class Transformer(nn.Module):
         x = self.embed(idx)
         for layer in self.layers:
             x = layer(x, cos, sin, mask, start)
-        x = x if keep is None else x[:, T - keep:]
-        return self.lm_head(self.norm(x)).float()
+        return self.norm(x)
+
+    def head(self, x):
+        return self.lm_head(x).float()
+
+    def compile_decoding(self, **options):
+        """Compile the decode forwards with static shapes: decode.Session pads the queries to
+        a few bucket lengths and passes the cache row as a device tensor, and attention spans
+        the whole cache, so each bucket compiles once; with mode="reduce-overhead" on CUDA
+        each is replayed as a CUDA graph. The mask (a BlockMask on CUDA) is built inside."""
+        self.static_trunk = torch.compile(self.trunk, dynamic=False, **options)
 
     # ---- checkpoints: the HF layout of real SDAR checkpoints ----
     HF_NAMES = {  # HF name -> ours; {i} is the layer index

@@ -49,6 +49,22 @@ def load(path, device="cpu", dtype=None):
     return model, tok
 
 
+def compile_model(model, how="auto"):
+    """--compile: "static" shapes (model.compile_decoding; CUDA graphs on CUDA), or one
+    "dynamic"-shape graph (model.compile(dynamic=True)); "auto": static on CUDA, dynamic on
+    the CPU (faster there: README, "Compiled decoding")."""
+    if how not in COMPILE_MODES:
+        raise ValueError(f"--compile {how!r}: choose from {', '.join(COMPILE_MODES)}")
+    if how == "static" or (how == "auto" and model.embed.weight.is_cuda):
+        cuda = model.embed.weight.is_cuda
+        model.compile_decoding(**dict(mode="reduce-overhead") if cuda else {})
+    else:
+        model.compile(dynamic=True)
+
+
+COMPILE_MODES = ("auto", "static", "dynamic")
+
+
 def check_block_size(model, block_size, name):
     supported = model.config.block_sizes or (model.config.block_size,)
     if block_size not in supported:
@@ -152,9 +168,9 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=Non
     if spec == "spiffy":
         g = load_graph(graph or graph_path(target, rule), rule)
     if compile:
-        model.compile(dynamic=True)
+        compile_model(model, compile)
         if spec == "simsd":
-            draft_model.compile(dynamic=True)
+            compile_model(draft_model, compile)
     shown = []
 
     def on_block(new):  # print as blocks are committed (decode the whole text: multi-byte pieces)
@@ -232,7 +248,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--compile", action="store_true", help="torch.compile the models")
+    ap.add_argument("--compile", nargs="?", const="auto", choices=COMPILE_MODES,
+                    help="torch.compile the models: static shapes and CUDA graphs on CUDA, "
+                         "dynamic shapes on the CPU (auto), or say which")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the ChatML template")
     ap.add_argument("--graph", default=None, help="spiffy: draft graph JSON (default: next to the target)")
     ap.add_argument("--draft-budget", type=int, default=None, help="spiffy: D*, nodes verified per forward (default 8)")

@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 import mask as masks
-from decode import DecodeRule, generate
+from decode import DecodeRule, Session, generate
 from model import PRESETS, ModelConfig, Transformer
+from sample import compile_model
 
 
 def timer(device):
@@ -69,15 +70,16 @@ def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache
                    block_sizes=(4, 8, 32), iters=20, new_tokens=64):
     model = make(spec, device, dtype)
     if compile:
-        model.compile(dynamic=True)
+        compile_model(model, compile)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bw, time_it, rows = bandwidth(device), timer(device), []
-    model.setup_cache(cache_len + max(block_sizes))
     forward = {}
-    for B in block_sizes:
-        idx = torch.randint(4, model.config.vocab_size, (1, B), device=device)
+    for B in block_sizes:                   # a decode forward as the decoders run it (Session)
+        sess = Session(model, B, cache_len + B)
+        sess.committed = cache_len
+        idx = torch.randint(4, model.config.vocab_size, (B,), device=device)
         pos = torch.arange(cache_len, cache_len + B, device=device)
-        step = lambda: model(idx, pos, cache_len, masks.block_causal(B, cache_len), keep=B)
+        step = lambda: sess.forward(idx, pos, lambda c, n: masks.block_causal(B, c), keep=B)
         time_it(step, 3)                                        # warm-up (and compile)
         forward[B] = time_it(step, iters)
         rows.append(dict(block_size=B, forward_ms=1e3 * forward[B], floor_ms=1e3 * weight_bytes / bw,

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 import mask as masks
-from decode import DecodeRule, Session, check_prompt, decode
+from decode import DecodeRule, Session, check_prompt, decode, to_host
 from verify import first_true, same_state, verify_copies, walk
 
 VERIFIERS, ACCEPTS = ("temporal", "copies"), ("paper", "gated", "lossless")
@@ -245,7 +245,7 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
                 copies = d.states(block)
                 logits = verify_copies(tsess, copies, pos)
                 if acceptance == "lossless":
-                    path = walk(logits, copies, step, rule, generator)
+                    path, _ = walk(logits, copies, step, rule, generator)
                     block, n_steps = path[-1][1], len(path)
                     reached = same_state(copies[None], torch.stack([s for _, s in path])[:, None])
                     n_accepted = int((reached * torch.arange(len(copies))).max())  # deepest draft
@@ -257,7 +257,7 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
                 step += n_steps
                 ends[why] += 1
             hist[n_accepted] += 1
-        return block
+        return block, to_host(block)[0]
 
     eos = c.eos_token_id if eos_id is None else eos_id
     out = decode(fill_block, [tsess, dsess], ids, B, max_new_tokens, rule.mask_id, eos, on_block)

@@ -32,28 +32,32 @@ from pathlib import Path
 import torch
 
 import util
-from decode import STRATEGIES, DecodeRule, Session, check_prompt, decode
+from decode import STRATEGIES, DecodeRule, Session, check_prompt, decode, to_device
 from verify import verify_copies, walk
 
 
-def ranks(logits, state, rule, k=None):
-    """Rank the masked positions of `state` by the confidence of their most likely token under
-    `logits` (the distribution the drafts are built from; the rule's own confidence), and
-    their k most likely tokens under the rule's `probs` (all if None);
-    -> (positions by rank, (m, k) token order, (m, k) probs)."""
-    masked = (state == rule.mask_id).nonzero().squeeze(-1)   # host sync (a data-dependent size)
-    p = rule.probs(logits[masked])                     # (m, V)
-    p_sorted, tok_order = p.sort(-1, descending=True) if k is None else p.topk(min(k, p.shape[-1]))
-    by_conf = rule.top_confidence(logits[masked]).sort(descending=True, stable=True).indices
-    return masked[by_conf], tok_order[by_conf], p_sorted[by_conf]
+def ranks(logits, states, rule, k=None):
+    """Rank the positions of each state by the confidence of their most likely token under
+    `logits` (the distribution the drafts are built from; the rule's own confidence), masked
+    positions first, and give each its k most likely tokens under the rule's `probs` (all if
+    None). logits (..., B, V), states (..., B) -> (..., B) positions by rank, (..., B, k)
+    token order, (..., B, k) probs. No host sync."""
+    flat = logits.flatten(0, -2)
+    conf = rule.top_confidence(flat).view(states.shape).masked_fill(states != rule.mask_id, -1.0)
+    order = conf.sort(dim=-1, descending=True, stable=True).indices
+    p = rule.probs(flat).view(logits.shape)
+    p, tok = p.sort(-1, descending=True) if k is None else p.topk(min(k, p.shape[-1]))
+    by_rank = order[..., None].expand(*order.shape, p.shape[-1])
+    return order, tok.gather(-2, by_rank), p.gather(-2, by_rank)
 
 
-def reveal_pairs(ranked, later, mask_id):
-    """The (position rank, token rank) pairs that turn a state into `later`, given that
-    state's ranks (from `ranks`)."""
-    pos, tok_order, _ = ranked
+def reveal_pairs(ranked, state, later, mask_id):
+    """The (position rank, token rank) pairs that turn `state` into `later`, given the
+    state's `ranks` (calibration only: it syncs freely)."""
+    order, tok_order, _ = ranked
+    m = int((state == mask_id).sum())
     return tuple((i, int((tok_order[i] == later[p]).nonzero()[0]))
-                 for i, p in enumerate(pos.tolist()) if later[p] != mask_id)
+                 for i, p in enumerate(order[:m].tolist()) if later[p] != mask_id)
 
 
 def reachable(node, chosen, one_per_step):
@@ -85,28 +89,27 @@ def one_per_step(rule):
 ONE_AT_A_TIME = ("low_confidence_static", "random", "sequential")   # quota-only strategies
 
 
-def build_drafts(logits, state, graph, budget, rule):
-    """Instantiate the graph's nodes on `state` from `logits`; keep the `budget` best by the
-    geometric mean of their token probabilities and their children's scores (bottom-up).
-    -> list of block states, one per kept node."""
-    k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0)
-    pos, tok_order, p_sorted = ranks(logits, state, rule, k)   # top-k, not a full vocab sort
-    p_host = p_sorted.tolist()                                 # host sync, once a round
+def build_drafts(ranked, state, graph, budget, rule):
+    """Instantiate the graph's nodes on `state` from its `ranks` (both as host lists: the round
+    brought them back with its one host sync); keep the `budget` best by the geometric mean
+    of their token probabilities and their children's scores (bottom-up).
+    -> list of block states (lists), one per kept node."""
+    order, tok_order, p = ranked
+    m = state.count(rule.mask_id)                              # masked positions rank first
     # a token of probability 0 (cut by top-k / top-p) is never drawn: no copy for it
-    nodes = [n for n in map(lambda n: tuple(map(tuple, n)), graph["nodes"])
-             if all(i < len(pos) and j < len(p_host[i]) and p_host[i][j] > 0 for i, j in n)]
+    nodes = [n for n in graph["nodes"] if all(i < m and j < len(p[i]) and p[i][j] > 0 for i, j in n)]
     single = one_per_step(rule)
     score = {}
     for n in sorted(nodes, key=len, reverse=True):             # children before parents
-        logs = [math.log(max(p_host[i][j], 1e-30)) for i, j in n]
+        logs = [math.log(max(p[i][j], 1e-30)) for i, j in n]
         logs += [math.log(score[c]) for c in nodes if set(n) < set(c)
                  and (len(c) == len(n) + 1 or not single)]
         score[n] = math.exp(sum(logs) / len(logs))
     drafts = []
     for n in connected_top(nodes, score, budget, single):
-        s = state.clone()
+        s = list(state)
         for i, j in n:
-            s[pos[i]] = tok_order[i, j]
+            s[order[i]] = tok_order[i][j]
         drafts.append(s)
     return drafts
 
@@ -165,25 +168,26 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
     B, t0 = rule.block_size, time.perf_counter()
     sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 3) * B, fuse_commit)
     advanced, verified = Counter(), Counter()
+    k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0) if graph else 0
 
     def fill_block(block, pos):
-        step, last_logits, states, trajectory = 0, None, [block], []
-        while (block == rule.mask_id).any():                   # host sync
-            drafts = []
-            if graph and last_logits is not None:
-                drafts = build_drafts(last_logits, block, graph, draft_budget, rule)
-            copies = torch.stack([block] + drafts)
+        step, copies, states, trajectory = 0, block[None], [block], []
+        while True:
             logits = verify_copies(sess, copies, pos)
-            path = walk(logits, copies, step, rule, generator)
+            path, (state, *ranked) = walk(logits, copies, step, rule, generator,   # host sync
+                                          lambda lg, st: ranks(lg, st, rule, k) if graph else ())
             if record:                                         # calibration only: keeps logits
                 trajectory += [lg for lg, _ in path]
                 states += [new for _, new in path]
-            step, last_logits, block = step + len(path), path[-1][0], path[-1][1]
+            step, block = step + len(path), path[-1][1]
             advanced[len(path)] += 1
-            verified[len(drafts)] += 1
-        if record:
-            record(states, trajectory)
-        return block
+            verified[len(copies) - 1] += 1
+            if rule.mask_id not in state:
+                if record:
+                    record(states, trajectory)
+                return block, state
+            drafts = build_drafts(ranked, state, graph, draft_budget, rule) if graph else []
+            copies = to_device([state] + drafts, block.device) if drafts else block[None]
 
     eos = c.eos_token_id if eos_id is None else eos_id
     out = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, eos, on_block)
@@ -204,7 +208,7 @@ def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
         for t in range(1, len(states) - 1):
             ranked = ranks(logits[t - 1], states[t], rule)
             for d in range(1, min(max_depth, len(states) - 1 - t) + 1):
-                counts[reveal_pairs(ranked, states[t + d], rule.mask_id)] += 1
+                counts[reveal_pairs(ranked, states[t], states[t + d], rule.mask_id)] += 1
 
     for p in prompts:
         spiffy_generate(model, p, max_new_tokens, rule, graph=None, record=record)

@@ -16,6 +16,7 @@ Spiffy's copies come from its draft graph (spiffy.py), SimSD's from the drafter 
 import torch
 
 import mask as masks
+from decode import to_host
 
 
 def verify_copies(sess, copies, pos):
@@ -27,10 +28,23 @@ def verify_copies(sess, copies, pos):
     return logits.view(n, B, -1)
 
 
-def walk(logits, copies, step, rule, generator=None):
+def walk(logits, copies, step, rule, generator=None, extra=lambda logits, states: ()):
     """Plain decoding through verified states. logits: (n, B, V) from verify_copies; step: the
-    rule's step index at copies[0]. -> the transitions taken, [(logits stepped from, new
-    state)], at least one; the last new state is where the round ends."""
+    rule's step index at copies[0]. -> (path, host): the transitions taken, [(logits stepped
+    from, new state)], at least one, the last new state where the round ends; and, as lists,
+    that state and extra(its logits, it) (extra: (m, B, V), (m, B) -> tensors of m rows).
+    A stateless rule steps every copy in one batched call and the path is found on the host:
+    ONE host sync. Any other rule draws in plain decoding's order, one step at a time: a
+    host sync a step, and one more for the result."""
+    if rule.stateless:
+        new = rule(logits, copies, step)                                    # (n, B)
+        hit = same_state(copies[None, 1:], new[:, None]) & (new == rule.mask_id).any(-1, keepdim=True)
+        nxt, new_h, *extra_h = to_host(first_true(hit), new, *extra(logits, new))   # host sync
+        path = [0]                              # copy i's next state is copy nxt[i] + 1, if any
+        while nxt[path[-1]] < len(copies) - 1:
+            path.append(nxt[path[-1]] + 1)
+        last = path[-1]
+        return [(logits[i], new[i]) for i in path], [new_h[last]] + [e[last] for e in extra_h]
     path, i = [], 0
     while True:
         new = rule(logits[i], copies[i], step + len(path), generator)
@@ -38,15 +52,17 @@ def walk(logits, copies, step, rule, generator=None):
         hit = same_state(copies[1:], new) & (new == rule.mask_id).any()    # (n - 1,)
         j = int(first_true(hit))                                           # host sync
         if j == len(hit):
-            return path
+            break
         i = j + 1
+    lg, new = path[-1]
+    return path, [h[0] for h in to_host(new[None], *extra(lg[None], new[None]))]   # host sync
 
 
 def first_true(flags):
-    """Index of the first True in a 1-d bool tensor; len(flags) if there is none."""
-    return torch.cat([flags, flags.new_ones(1)]).int().argmax()
+    """Index of the first True along the last dim of a bool tensor; its length if none."""
+    return torch.cat([flags, flags.new_ones(*flags.shape[:-1], 1)], -1).int().argmax(-1)
 
 
 def same_state(copies, state):
-    """(n, B) copies and a (B,) state -> (n,) bool: which copies are that state."""
+    """(n, B) copies and a (B,) state -> (n,) bool: which copies are that state (broadcasts)."""
     return (copies == state).all(-1)

@@ -59,3 +59,57 @@ def test_compiled_decoding_on_cuda_equals_eager():
     eager = [generate(model, p, 24, rule, eos_id=-1)[0] for p in prompts()]
     model.compile(dynamic=True)
     assert [generate(model, p, 24, rule, eos_id=-1)[0] for p in prompts()] == eager
+
+
+@pytest.mark.parametrize("method", ["plain", "spiffy"])
+def test_static_compiled_decoding_with_cuda_graphs_equals_eager(method):
+    """compile_decoding(mode="reduce-overhead"): padded buckets replayed as CUDA graphs."""
+    model = make_model(block_size=B).cuda()
+    rule = DecodeRule(MASK_ID, B)
+    graph = calibrate(model, prompts()[:2], rule, 16, budget=8) if method == "spiffy" else None
+
+    def run(p):
+        if method == "spiffy":
+            return spiffy_generate(model, p, 24, rule, graph, eos_id=-1)[0]
+        return generate(model, p, 24, rule, eos_id=-1)[0]
+    eager = [run(p) for p in prompts()]
+    model.compile_decoding(mode="reduce-overhead")
+    assert [run(p) for p in prompts()] == eager
+
+
+@pytest.mark.parametrize("method", ["plain", "spiffy"])
+def test_one_host_sync_per_decoding_forward_on_cuda(method, monkeypatch):
+    """The real syncs, as torch.cuda.set_sync_debug_mode sees them, plus decode.to_host's one
+    (its stream wait is let through uncounted and counted as one)."""
+    import warnings
+
+    import decode
+    import verify
+    model = make_model(block_size=B).cuda()
+    rule = DecodeRule(MASK_ID, B)
+    graph = calibrate(model, prompts()[:2], rule, 16, budget=8) if method == "spiffy" else None
+    calls, to_host = [], decode.to_host
+
+    def counted(*tensors):
+        calls.append(1)
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return to_host(*tensors)
+        finally:
+            torch.cuda.set_sync_debug_mode("warn")
+    for module in (decode, verify):
+        monkeypatch.setattr(module, "to_host", counted)
+    for p in prompts():
+        calls.clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                if method == "spiffy":
+                    stats = spiffy_generate(model, p, 24, rule, graph, eos_id=-1)[1]
+                else:
+                    stats = generate(model, p, 24, rule, eos_id=-1)[1]
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+        assert len(calls) + len(syncs) == stats["nfe"] - int(len(p) >= B), syncs[:3]

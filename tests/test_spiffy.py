@@ -21,9 +21,9 @@ import torch
 import spiffy
 import verify
 from conftest import make_model
-from decode import DecodeRule, generate
+from decode import DecodeRule, generate, to_host
 from model import PRESETS
-from spiffy import build_drafts, calibrate, graph_rule, load_graph, spiffy_generate
+from spiffy import build_drafts, calibrate, graph_rule, load_graph, ranks, spiffy_generate
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 NO_EOS = -1     # an eos_id that never occurs: fixed-length output
@@ -169,7 +169,7 @@ def test_a_walk_that_accepts_a_wrong_node_is_caught(monkeypatch):
     assert_lossless(spiffy_with(graph), model, rule, cases, 24)       # intact: lossless
 
     def same_reveal_count(copies, state):
-        return (copies != MASK_ID).sum(-1) == (state != MASK_ID).sum()
+        return (copies != MASK_ID).sum(-1) == (state != MASK_ID).sum(-1)
     monkeypatch.setattr(verify, "same_state", same_reveal_count)
     with pytest.raises(AssertionError, match="differs from plain decoding"):
         assert_lossless(spiffy_with(graph), model, rule, cases, 24)
@@ -289,6 +289,13 @@ def as_walked(graph):
     return dict(graph, nodes=[tuple(map(tuple, n)) for n in graph["nodes"]])
 
 
+def drafts_for(last, state, graph, budget, rule):
+    """build_drafts as a round calls it: `state`'s ranks under `last`, brought to the host."""
+    k = 1 + max(j for n in graph["nodes"] for _, j in n)
+    ranked = to_host(*ranks(last, state, rule, k))
+    return [torch.tensor(d) for d in build_drafts(ranked, state.tolist(), graph, budget, rule)]
+
+
 def trajectory(model, rule, prompt):
     """Plain decoding's states and logits for the first block (the `record` hook)."""
     seen = []
@@ -314,7 +321,7 @@ def test_build_drafts_reveals_only_masked_positions_within_budget(rule_name):
         masked = set((state == MASK_ID).nonzero().flatten().tolist())
         applicable = [n for n in graph["nodes"] if all(i < len(masked) for i, _ in n)]
         for budget in (1, 3, 5, 16):
-            drafts = build_drafts(last, state, graph, budget, rule)
+            drafts = drafts_for(last, state, graph, budget, rule)
             assert len(drafts) <= budget
             if budget >= len(graph["nodes"]):
                 assert len(drafts) == len(applicable)
@@ -341,7 +348,7 @@ def test_build_drafts_reads_ranks_off_the_last_distribution():
     p_target = rule.probs(last[masked])
     by_confidence = masked[p_target.max(-1).values.argsort(descending=True)].tolist()
     graph = dict(graph_rule(rule), nodes=[[[0, 0]], [[1, 2]], [[0, 0], [1, 0]]])
-    drafts = build_drafts(last, state, as_walked(graph), 3, rule)
+    drafts = drafts_for(last, state, as_walked(graph), 3, rule)
     expected = []
     for node in graph["nodes"]:
         e = {}
@@ -359,6 +366,6 @@ def test_build_drafts_takes_a_graph_as_load_graph_returns_it(tmp_path):
     path = tmp_path / "graph.json"
     path.write_text(json.dumps(graph))
     states, logits = trajectory(model, rule, tokens(3, seed=8))
-    drafts = build_drafts(logits[1], states[2], load_graph(path, rule), 3, rule)
-    expected = build_drafts(logits[1], states[2], as_walked(graph), 3, rule)
+    drafts = drafts_for(logits[1], states[2], load_graph(path, rule), 3, rule)
+    expected = drafts_for(logits[1], states[2], as_walked(graph), 3, rule)
     assert [d.tolist() for d in drafts] == [d.tolist() for d in expected]

@@ -35,7 +35,7 @@ def walk(logits, copies, step, rule, generator=None, extra=lambda logits, states
     that state and extra(its logits, it) (extra: (m, B, V), (m, B) -> tensors of m rows).
     A stateless rule steps every copy in one batched call and the path is found on the host:
     ONE host sync. Any other rule draws in plain decoding's order, one step at a time: a
-    host sync a step, and one more for the result."""
+    host sync a step."""
     if rule.stateless:
         new = rule(logits, copies, step)                                    # (n, B)
         hit = same_state(copies[None, 1:], new[:, None]) & (new == rule.mask_id).any(-1, keepdim=True)
@@ -50,12 +50,10 @@ def walk(logits, copies, step, rule, generator=None, extra=lambda logits, states
         new = rule(logits[i], copies[i], step + len(path), generator)
         path.append((logits[i], new))
         hit = same_state(copies[1:], new) & (new == rule.mask_id).any()    # (n - 1,)
-        j = int(first_true(hit))                                           # host sync
+        j, *host = to_host(first_true(hit), new[None], *extra(logits[i][None], new[None]))  # sync
         if j == len(hit):
-            break
+            return path, [h[0] for h in host]
         i = j + 1
-    lg, new = path[-1]
-    return path, [h[0] for h in to_host(new[None], *extra(lg[None], new[None]))]   # host sync
 
 
 def first_true(flags):

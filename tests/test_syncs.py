@@ -1,6 +1,6 @@
-"""Host syncs: one per target forward in plain, threshold and Spiffy decoding. A sync makes
-the host wait for the GPU's queue to drain; the decoders make one a forward, through
-decode.to_host, and none anywhere else.
+"""Host syncs: one per target forward in plain, threshold and Spiffy decoding (greedy; a
+sampled Spiffy walk syncs once a step). A sync makes the host wait for the GPU's queue to
+drain; the decoders make theirs through decode.to_host, and none anywhere else.
 
 On the CPU nothing waits, so the test counts what would sync on a GPU: a tensor read as a
 Python value (.item(), int(), bool(), `in`, .tolist()), a data-dependent size (nonzero),
@@ -87,3 +87,16 @@ def test_one_host_sync_per_decoding_forward(method, rule_name, monkeypatch):
         assert syncs.count == stats["nfe"] - prefill
         walked = max(walked, *stats.get("steps_per_forward", [1]))
     assert method == "plain" or walked > 1, "no round walked past a draft: vacuous"
+
+
+def test_sampled_spiffy_syncs_once_a_walk_step(monkeypatch):
+    """A sampled rule draws in plain decoding's order, so the walk cannot step every copy at
+    once: one sync a step taken (still one a forward when a round takes one step)."""
+    model = make_model(block_size=B)
+    rule = DecodeRule(MASK_ID, B, temperature=1.0, top_k=4)
+    graph = calibrate(model, prompts(), rule, 16, budget=8)
+    for p in prompts():
+        with SyncCounter(monkeypatch) as syncs:
+            stats = spiffy_generate(model, p, 24, rule, graph, eos_id=NO_EOS,
+                                    generator=torch.Generator().manual_seed(0))[1]
+        assert syncs.count == sum(k * n for k, n in stats["steps_per_forward"].items())

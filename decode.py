@@ -6,6 +6,8 @@
 - `decode`: the block loop every decoder shares (plain, SimSD, Spiffy): prefill, fill block
   after block, commit, stop at EOS.
 - `generate`: plain decoding, the reference the speculative decoders are tested against.
+- `to_host` / `to_device`: the only ways values cross between host and device while decoding:
+  one host sync per target forward in plain, threshold and Spiffy decoding (tests/test_syncs.py).
 """
 import math
 import time

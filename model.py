@@ -318,11 +318,9 @@ class Transformer(nn.Module):
         a few bucket lengths and passes the cache row as a device tensor, and attention spans
         the whole cache, so each bucket compiles once; with mode="reduce-overhead" on CUDA
         each is replayed as a CUDA graph. The mask (a BlockMask on CUDA) is built inside."""
-        config = torch._dynamo.config    # a graph per bucket (5) and mask kind (up to 3), and
-        for name in ("recompile_limit", "cache_size_limit"):   # again for a larger cache
-            if hasattr(config, name):
-                setattr(config, name, max(getattr(config, name), 64))
-                break
+        cfg = torch._dynamo.config  # room for a graph per bucket (5) and mask kind (3), and more
+        name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        setattr(cfg, name, max(getattr(cfg, name), 64))
         self.static_trunk = torch.compile(self.trunk, dynamic=False, **options)
 
     # ---- checkpoints: the HF layout of real SDAR checkpoints ----

@@ -180,6 +180,7 @@ CASES = {
     "bench-block-size-untrained": (None, "bench.py --block-size 16", "not 16"),
     "bench-block-size-not-numbers": (None, "bench.py --block-size 4,x", "comma-separated integers"),
     "bench-unknown-method": (None, "bench.py --methods plain,medusa", "unknown method 'medusa'"),
+    "bench-compile-mode": (None, "bench.py --compile fast", "invalid choice: 'fast'"),
     "bench-prompts-0": (None, "bench.py --prompts 0", "--prompts must be >= 1"),
     "bench-unknown-ablation": (None, "bench.py --ablate speed", "unknown --ablate"),
     "bench-sdar-threshold": (None, "bench.py --methods sdar+threshold", "unknown method 'sdar+threshold'"),

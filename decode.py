@@ -7,7 +7,8 @@
   after block, commit, stop at EOS.
 - `generate`: plain decoding, the reference the speculative decoders are tested against.
 - `to_host` / `to_device`: the only ways values cross between host and device while decoding:
-  one host sync per target forward in plain, threshold and Spiffy decoding (tests/test_syncs.py).
+  one host sync per target forward in plain and threshold decoding, and in Spiffy with a
+  stateless rule (DecodeRule.stateless; tests/test_syncs.py).
 """
 import math
 import time
@@ -157,7 +158,7 @@ class Session:
 
     def __init__(self, model, block_size, max_len, fuse_commit=True):
         self.model, self.block_size, self.fuse_commit = model, block_size, fuse_commit
-        self.static = model.static_trunk is not None      # model.compile_decoding
+        self.static = getattr(model, "static_trunk", None) is not None   # compile_decoding
         model.setup_cache(max_len + self.static * (MAX_BUCKET // 2) * block_size)  # + padding
         self.device = model.embed.weight.device
         self.committed, self.pending, self.nfe = 0, None, 0
@@ -177,7 +178,8 @@ class Session:
             pad = (B << (-(-T // B) - 1).bit_length()) - T
             start, n_commit_t, n_real = to_device([self.committed, n_commit, T], self.device)
             mask = masks.padded(mask_for(start, n_commit_t), start, n_real)
-            x = self.model.static_trunk(F.pad(tokens, (0, pad))[None], F.pad(pos, (0, pad)), start, mask)
+            x = self.model.static_trunk(self.model, F.pad(tokens, (0, pad))[None], F.pad(pos, (0, pad)),
+                                        start, mask)
             logits = self.model.head(x[:, T - keep:T])
         else:
             logits = self.model(tokens[None], pos, self.committed, mask_for(self.committed, n_commit),
@@ -206,8 +208,8 @@ def to_host(*tensors):
     without blocking, then the stream is waited for once. The decoders' planned host syncs
     all go through here (tests/test_syncs.py counts them)."""
     host = [t.to("cpu", non_blocking=True) for t in tensors]
-    if any(t.is_cuda for t in tensors):
-        torch.cuda.current_stream().synchronize()
+    for device in {t.device for t in tensors if t.is_cuda}:   # the stream of each GPU copied from
+        torch.cuda.current_stream(device).synchronize()
     return [h.tolist() for h in host]
 
 
@@ -221,7 +223,8 @@ def to_device(rows, device):
 def check_prompt(prompt, config, max_new_tokens, device):
     """Check the prompt on the host (ids in the vocabulary, no mask token, room for the
     generation); -> its ids on `device`."""
-    ids = prompt.flatten().tolist() if torch.is_tensor(prompt) else list(prompt)
+    ids = prompt if isinstance(prompt, list) and all(isinstance(i, int) for i in prompt) \
+        else torch.as_tensor(prompt).flatten().tolist()   # (a tensor on a GPU: a sync a prompt)
     if not ids:
         raise ValueError("empty prompt")
     if max_new_tokens < 1:

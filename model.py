@@ -286,6 +286,8 @@ class Transformer(nn.Module):
         start: None for a cache-free forward, else the cache row the queries are written to.
         mask: a mask_mod, BlockMask or dense bool mask over keys [0, start + T); default
         block-causal. keep: compute logits for the last `keep` rows only. -> (b, keep, vocab)"""
+        if torch.is_tensor(start):
+            raise TypeError("forward takes start as an int; static shapes go through decode.Session")
         T, off = idx.shape[1], start or 0
         if pos is None:
             pos = torch.arange(off, off + T, device=idx.device)
@@ -321,7 +323,8 @@ class Transformer(nn.Module):
         cfg = torch._dynamo.config  # room for a graph per bucket (5) and mask kind (3), and more
         name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
         setattr(cfg, name, max(getattr(cfg, name), 64))
-        self.static_trunk = torch.compile(self.trunk, dynamic=False, **options)
+        self.static_trunk = torch.compile(type(self).trunk, dynamic=False, **options)  # (self, ...):
+        # unbound, so that a deep copy of the model runs its own weights and cache
 
     # ---- checkpoints: the HF layout of real SDAR checkpoints ----
     HF_NAMES = {  # HF name -> ours; {i} is the layer index

@@ -53,6 +53,7 @@ def compile_model(model, how="auto"):
     """--compile: "static" shapes (model.compile_decoding; CUDA graphs on CUDA), or one
     "dynamic"-shape graph (model.compile(dynamic=True)); "auto": static on CUDA, dynamic on
     the CPU (faster there: README, "Compiled decoding")."""
+    how = "auto" if how is True else how
     if how not in COMPILE_MODES:
         raise ValueError(f"--compile {how!r}: choose from {', '.join(COMPILE_MODES)}")
     if how == "static" or (how == "auto" and model.embed.weight.is_cuda):

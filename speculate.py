@@ -40,6 +40,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 import mask as masks
 from decode import DecodeRule, Session, check_prompt, decode, to_host
@@ -109,6 +110,8 @@ def verify(sess, block, pos, d, rule, rope_copy=True):
     after_all = torch.full_like(undrafted, int(d.tau[-1]) + 1)  # undrafted: masks in every state
     step = torch.cat([zeros(known), d.tau, d.tau, after_all])
     is_slot = torch.cat([zeros(data_idx, dtype=torch.bool), torch.ones_like(slot_idx, dtype=torch.bool)])
+    pad = 2 * len(block) - len(step)     # fixed length 2B: one compiled graph for every section
+    step, is_slot = F.pad(step, (0, pad)), F.pad(is_slot, (0, pad))
     if rope_copy:
         slot_pos = pos[slot_idx]   # a slot takes the position of its data token
     else:                          # ablation: slots continue the sequence after the block
@@ -238,7 +241,7 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
             if verifier == "temporal":
                 if order == "position":                              # ablation: left to right
                     d = Draft(*(t[d.pos.argsort()] for t in (d.pos, d.tokens, d.p_draft)),
-                              torch.arange(1, len(d.pos) + 1))
+                              torch.arange(1, len(d.pos) + 1, device=d.pos.device))
                 block, n_accepted = accept(verify(tsess, block, pos, d, rule, rope_copy),
                                            block, d, rule, generator)
             else:
@@ -248,7 +251,7 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
                     path, _ = walk(logits, copies, step, rule, generator)
                     block, n_steps = path[-1][1], len(path)
                     reached = same_state(copies[None], torch.stack([s for _, s in path])[:, None])
-                    n_accepted = int((reached * torch.arange(len(copies))).max())  # deepest draft
+                    n_accepted = int((reached * torch.arange(len(copies), device=reached.device)).max())
                     why = "every draft accepted" if n_accepted == len(d.pos) else "target chose otherwise"
                 else:
                     block, n_accepted, n_steps, why = accept_exact(

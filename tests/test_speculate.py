@@ -527,7 +527,6 @@ class FixedLogits(torch.nn.Module):
         super().__init__()
         self.table = table.log()                       # (B, V)
         self.embed = torch.nn.Embedding(1, 1)          # Session reads the device off it
-        self.static_trunk = None                       # dynamic shapes
 
     def setup_cache(self, max_len, batch=1):
         pass

@@ -319,7 +319,8 @@ class Transformer(nn.Module):
         """Compile the decode forwards with static shapes: decode.Session pads the queries to
         a few bucket lengths and passes the cache row as a device tensor, and attention spans
         the whole cache, so each bucket compiles once; with mode="reduce-overhead" on CUDA
-        each is replayed as a CUDA graph. The mask (a BlockMask on CUDA) is built inside."""
+        each is replayed as a CUDA graph. The mask (a BlockMask on CUDA) is built inside.
+        Raises dynamo's graphs-per-function limit to 64, for the whole process."""
         cfg = torch._dynamo.config  # room for a graph per bucket (5) and mask kind (3), and more
         name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
         setattr(cfg, name, max(getattr(cfg, name), 64))

@@ -35,6 +35,7 @@ the shapes of the forwards). Flags, checkpoints, graphs,
 """
 import argparse
 import json
+import logging
 import statistics
 import sys
 import time
@@ -72,6 +73,20 @@ def parse_method(name):
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(BASES)} and threshold, "
                          f"each but sdar with +threshold")
     return base, threshold
+
+
+class RecompileLimitHits(logging.Handler):
+    """Past its recompile limit, dynamo runs a function eager from then on and says so only
+    in its log: collect those messages, so that a "compiled" run that was not is flagged."""
+
+    def __init__(self):
+        super().__init__()
+        self.hits = []
+        logging.getLogger("torch._dynamo").addHandler(self)
+
+    def emit(self, record):
+        if record.getMessage().startswith("torch._dynamo hit config."):
+            self.hits.append(record.getMessage().splitlines()[0])
 
 
 def load_tasks(data, n, tok, chat):
@@ -253,6 +268,7 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
         check_block_size(tgt, B, "target")
         if drf is not None:
             check_block_size(drf, B, "drafter")
+    limit_hits = RecompileLimitHits()
     if compile:
         for m in (tgt, drf):
             if m is not None:
@@ -316,8 +332,11 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
     dynamo = {}
     if compile:   # graphs compiled after the warm-up: compiles the timed runs paid for
         dynamo = dict(unique_graphs=counters["stats"]["unique_graphs"],
-                      graphs_after_warmup=counters["stats"]["unique_graphs"] - graphs_after_warmup)
+                      graphs_after_warmup=counters["stats"]["unique_graphs"] - graphs_after_warmup,
+                      recompile_limit_hits=len(limit_hits.hits))
         print(f"torch.compile: {dynamo}")
+        if limit_hits.hits:
+            print(f"WARNING: {limit_hits.hits[0]}: part of the 'compiled' run was eager")
     result = dict(target=str(target), drafter=str(drafter), device=device, torch=torch.__version__,
                   prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats,
                   results=rows, lossless_ok=not failed, dynamo=dynamo, notes=notes,

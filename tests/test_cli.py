@@ -256,3 +256,15 @@ def test_bench_with_random_positions_still_finds_the_lossless_methods_lossless(c
                                             "plain,simsd-lossless,spiffy"]))
     rec = last_json(capsys.readouterr().out)
     assert status == 0 and all(r["same_fraction"] == 1 for r in rec["results"])
+
+
+def test_speed_of_light_runs_on_a_tiny_preset(capsys):
+    """bench.py --speed-of-light's figures, on the tiny preset: every forward row (B = 4, 8, 32
+    and B = 4 with 8x the cache allocated) timed against the floor, and the loop."""
+    from sol import speed_of_light
+    r = speed_of_light("tiny", cache_len=64, iters=2, new_tokens=8)
+    assert [(f["block_size"], f["cache_rows"]) for f in r["forwards"]] == \
+        [(4, 256), (8, 256), (32, 256), (4, 512)]
+    assert all(f["forward_ms"] > 0 and f["x_floor"] > 0 for f in r["forwards"])
+    assert r["loop"]["nfe"] > 1 and r["loop"]["x_forwards"] > 0
+    assert "the floor" in capsys.readouterr().out

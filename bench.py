@@ -268,8 +268,8 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
         check_block_size(tgt, B, "target")
         if drf is not None:
             check_block_size(drf, B, "drafter")
-    limit_hits = RecompileLimitHits()
     if compile:
+        limit_hits = RecompileLimitHits()
         for m in (tgt, drf):
             if m is not None:
                 compile_model(m, compile)
@@ -334,6 +334,7 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
         dynamo = dict(unique_graphs=counters["stats"]["unique_graphs"],
                       graphs_after_warmup=counters["stats"]["unique_graphs"] - graphs_after_warmup,
                       recompile_limit_hits=len(limit_hits.hits))
+        logging.getLogger("torch._dynamo").removeHandler(limit_hits)
         print(f"torch.compile: {dynamo}")
         if limit_hits.hits:
             print(f"WARNING: {limit_hits.hits[0]}: part of the 'compiled' run was eager")

@@ -324,8 +324,8 @@ class Transformer(nn.Module):
         cfg = torch._dynamo.config  # room for a graph per bucket (5) and mask kind (3), and more
         name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
         setattr(cfg, name, max(getattr(cfg, name), 64))
-        self.static_trunk = torch.compile(type(self).trunk, dynamic=False, **options)  # (self, ...):
-        # unbound, so that a deep copy of the model runs its own weights and cache
+        # unbound (called with the model), so that a deep copy runs its own weights and cache
+        self.static_trunk = torch.compile(type(self).trunk, dynamic=False, **options)
 
     # ---- checkpoints: the HF layout of real SDAR checkpoints ----
     HF_NAMES = {  # HF name -> ours; {i} is the layer index

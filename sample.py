@@ -56,8 +56,8 @@ def compile_model(model, how="auto"):
     how = "auto" if how is True else how
     if how not in COMPILE_MODES:
         raise ValueError(f"--compile {how!r}: choose from {', '.join(COMPILE_MODES)}")
-    if how == "static" or (how == "auto" and model.embed.weight.is_cuda):
-        cuda = model.embed.weight.is_cuda
+    cuda = model.embed.weight.is_cuda
+    if how == "static" or (how == "auto" and cuda):
         model.compile_decoding(**dict(mode="reduce-overhead") if cuda else {})
     else:
         model.compile(dynamic=True)

@@ -6,8 +6,8 @@ checkpoint-shaped model with random weights (a model.PRESETS name, or a checkpoi
 config.json) runs
   - one forward of B = 4 / 8 / 32 queries against a cache of `cache_len` rows (and B = 4
     again with 8 x cache_len rows allocated: static shapes attend to every allocated row),
-    timed as the median of `iters` after warm-up, next to the floor from the bandwidth measured here (a large
-    device-to-device copy);
+    timed as the median of `iters` after warm-up, next to the floor from the bandwidth
+    measured here (a large device-to-device copy);
   - the plain decode loop (`generate`, one token per step, B = 4) after a `cache_len` prompt,
     next to what its forwards alone cost (prefill + NFE x the B = 4 forward): the difference
     is per-step overhead (host syncs, mask building, Python).
@@ -97,7 +97,7 @@ def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache
     nfe = generate(model, prompt, new_tokens, rule, eos_id=-1)[1]["nfe"]
     loop = time_it(lambda: generate(model, prompt, new_tokens, rule, eos_id=-1), 3)
     forwards = prefill + (nfe - 1) * forward[4, cache_len]
-    # the same forward with 4x the cache rows allocated (after the loop, which would use them):
+    # the same forward with 8x the cache rows allocated (after the loop, which would use them):
     # static shapes attend to every allocated row, dynamic ones to the rows written
     time_forward(block_sizes[0], cache_len, allocate=8 * cache_len)
     result = dict(model=spec, device=str(device), dtype=str(dtype).removeprefix("torch."),

@@ -320,12 +320,14 @@ class Transformer(nn.Module):
         a few bucket lengths and passes the cache row as a device tensor, and attention spans
         the whole cache, so each bucket compiles once; with mode="reduce-overhead" on CUDA
         each is replayed as a CUDA graph. The mask (a BlockMask on CUDA) is built inside.
-        Raises dynamo's graphs-per-function limit to 64, for the whole process."""
-        cfg = torch._dynamo.config  # room for a graph per bucket (5) and mask kind (3), and more
+        Changes nothing process-wide: the graphs-per-function limit is raised to 64 (room for
+        a graph per bucket (5) and mask kind (3); dynamo's default is 8) only while this
+        trunk runs, which is when dynamo compiles it."""
+        cfg = torch._dynamo.config
         name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-        setattr(cfg, name, max(getattr(cfg, name), 64))
         # unbound (called with the model), so that a deep copy runs its own weights and cache
-        self.static_trunk = torch.compile(type(self).trunk, dynamic=False, **options)
+        trunk = torch.compile(type(self).trunk, dynamic=False, **options)
+        self.static_trunk = cfg.patch(**{name: max(getattr(cfg, name), 64)})(trunk)
 
     # ---- checkpoints: the HF layout of real SDAR checkpoints ----
     HF_NAMES = {  # HF name -> ours; {i} is the layer index

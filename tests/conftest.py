@@ -1,7 +1,13 @@
 """Shared test helpers: the repo root on sys.path (so `import model` works from tests/) and a
 tiny random Transformer that is "peaky".
 
-Also: torch runs single-threaded here. The test tensors are tiny, and with several threads on
+Also: torch runs single-threaded here, and every test must leave torch's compiler settings
+(`torch._dynamo.config`) as it found them: a test that changes one does so through torch's own
+scoped `torch._dynamo.config.patch(...)`, and `dynamo_config_unchanged` fails any test that
+does not. (pytest's `monkeypatch` is not safe here: from pytest 9.2 its undo deletes the entry,
+and torch then hides it from every later caller, FlexAttention included.)
+
+Torch runs single-threaded here. The test tensors are tiny, and with several threads on
 cores shared with other jobs every op waits on a thread barrier (about 300x slower measured).
 
 Why peaky: with the default init (std 0.02) a random model's logits are nearly uniform and
@@ -11,6 +17,7 @@ the weights with a fan-in scaled std gives varied greedy outputs and spread-out 
 import json
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +40,43 @@ def pytest_configure(config):
     # eager flex_attention on CPU warns on every first call that it is not compiled: expected here
     config.addinivalue_line(
         "filterwarnings", "ignore:flex_attention called without torch.compile:UserWarning")
+
+
+def dynamo_config():
+    """Every entry of torch._dynamo.config as a caller sees it; a hidden (deleted) entry reads
+    as DELETED."""
+    cfg, out = torch._dynamo.config, {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)   # reading a deprecated entry warns
+        for name in cfg.get_config_copy():
+            try:
+                out[name] = getattr(cfg, name)
+            except AttributeError:
+                out[name] = DELETED
+    return out
+
+
+DELETED = "<deleted>"
+
+
+def config_changes(before):
+    """{name: (before, now)} for each entry of torch._dynamo.config that differs from `before`."""
+    now = dynamo_config()
+    return {k: (v, now.get(k, DELETED)) for k, v in before.items() if now.get(k, DELETED) != v}
+
+
+@pytest.fixture(autouse=True)
+def dynamo_config_unchanged():
+    """Fail a test that leaves torch._dynamo.config changed, then put it back, so that the
+    tests after it see torch's own settings."""
+    before = dynamo_config()
+    yield
+    changed = config_changes(before)
+    for name in changed:
+        setattr(torch._dynamo.config, name, before[name])   # setattr also un-hides a deleted one
+    if changed:
+        pytest.fail("the test left torch._dynamo.config changed (use torch._dynamo.config.patch): "
+                    + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items()), pytrace=False)
 
 
 def make_model(n_layer=2, vocab=97, block_size=4, seed=0, gain=3.0, embed_std=1.0, **overrides):

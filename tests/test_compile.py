@@ -65,16 +65,16 @@ def test_compiled_decoding_does_not_recompile_after_warm_up(method, static):
     assert compiled == eager
 
 
-def test_the_bench_sees_dynamo_fall_back_to_eager(monkeypatch):
+def test_the_bench_sees_dynamo_fall_back_to_eager():
     """Past the recompile limit dynamo silently runs eager; bench.py must notice."""
     from bench import RecompileLimitHits
     torch._dynamo.reset()
     hits = RecompileLimitHits()
     cfg = torch._dynamo.config
     name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    monkeypatch.setattr(cfg, name, 2)
     double = torch.compile(lambda x: 2 * x, dynamic=False, backend="eager")
-    for n in range(1, 4):
-        double(torch.ones(n))
+    with cfg.patch(**{name: 2}):
+        for n in range(1, 4):
+            double(torch.ones(n))
     logging.getLogger("torch._dynamo").removeHandler(hits)
     assert len(hits.hits) == 1 and "hit config" in hits.hits[0]

@@ -1,0 +1,50 @@
+"""gpu_check.sh before a GPU ever runs it: its --dry-run goes through the same phases, in the
+same order, on the CPU (fp32, one prompt, the tiny preset, torch.compile disabled), so its
+flow, flags and the summary it reads back from its own JSON files are tested here."""
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+PHASES = ["tests", "bench-eager", "bench-compiled", "sol-eager", "sol-compiled", "summary"]
+
+
+def gpu_check(*flags, **env):
+    return subprocess.run(["bash", str(ROOT / "gpu_check.sh"), *flags], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHON": sys.executable, **env})
+
+
+def test_the_dry_run_goes_through_every_phase_and_summarises_its_files(tmp_path):
+    run = gpu_check("--dry-run", OUT=str(tmp_path))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    done = [line.split()[1].rstrip(":") for line in run.stdout.splitlines()
+            if line.startswith("=== ") and ": exit 0 after" in line]
+    assert done == PHASES
+    assert run.stdout.rstrip().endswith("gpu_check: every phase passed")
+    for name in ("gpu_bench_eager.json", "gpu_bench_compiled.json", "gpu_sol_eager.txt", "gpu_sol_compiled.txt"):
+        assert (tmp_path / name).stat().st_size > 0
+    summary = run.stdout.split("=== summary (")[1]
+    for B in (4, 32):   # each bench's rows, with their ratio to the threshold rule read back
+        assert f"B={B:<2} spiffy+threshold" in summary and "x threshold" in summary
+    assert summary.count("lossless ok: True") == 2
+    assert summary.count("decode forward B= 4") == 4       # two sol runs, two B = 4 rows each
+
+
+def test_a_failed_phase_is_named_and_fails_the_check(tmp_path):
+    (tmp_path / "gpu_bench_eager.json").mkdir()            # the bench cannot write its --out
+    run = gpu_check("--dry-run", OUT=str(tmp_path))
+    assert run.returncode == 1
+    assert "gpu_check: 1 phase(s) failed: bench-eager (exit 1)" in run.stdout
+
+
+def test_bad_input_is_one_line(tmp_path):
+    bare = tmp_path / "python"              # an interpreter without the packages
+    bare.write_text("#!/bin/sh\nexit 1\n")
+    bare.chmod(0o755)
+    for flags, env, words in [(["--fast"], {}, "unknown flag --fast"),
+                              (["--dry-run"], {"PYTHON": "/nonexistent/python"}, "no Python interpreter"),
+                              (["--dry-run"], {"PYTHON": str(bare)}, "cannot import torch")]:
+        run = gpu_check(*flags, **env)
+        assert run.returncode == 2 and run.stdout == ""
+        assert run.stderr.count("\n") == 1 and run.stderr.startswith("error: ") and words in run.stderr

@@ -90,35 +90,39 @@ class RecompileLimitHits(logging.Handler):
 
 
 def load_tasks(data, n, tok, chat):
-    """(prompt ids, expected answer) pairs: held-out generated problems, or a GSM8K-style JSONL
-    with "question" and "answer" (the answer's `#### N`, else its last number)."""
+    """(prompt ids, expected answer) pairs: held-out generated problems, or the first n of a
+    GSM8K-style JSONL with "question" and "answer" (the answer's `#### N`, else its last number)."""
     if data is None:
         items = [(f"Question: {p['question']}\nAnswer:", p["result"]) for p in problems(n, "test")]
     else:
-        path = Path(data)
-        if not path.is_file():
-            raise FileNotFoundError(f"--data file {path} not found")
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()[:n]
-        except UnicodeDecodeError:
-            raise ValueError(f"--data file {path} is not UTF-8 text") from None
         items = []
-        for k, line in enumerate(lines):
-            try:
-                rec = json.loads(line)
-                item = (rec["question"], extract_answer(str(rec["answer"])))
-            except (ValueError, KeyError, TypeError):
-                raise ValueError(f"{path}:{k + 1}: not a JSON object with 'question' and 'answer'") from None
-            if not isinstance(item[0], str) or not item[0] or item[1] is None:
-                raise ValueError(f"{path}:{k + 1}: the question must be text and the answer must hold a number")
-            items.append(item)
+        for k, rec in util.read_prompts(data, "--data", ("question", "answer"), stop=n):
+            items.append((rec["question"], extract_answer(str(rec["answer"]))))
+            if items[-1][1] is None:
+                raise ValueError(f"{data}:{k}: the answer must hold a number")
         if not items:
-            raise ValueError(f"--data file {path} holds no problems")
+            raise ValueError(f"--data file {data} holds no problems")
     return [(tok.encode(tok.apply_chat_template(q) if chat else q), a) for q, a in items]
 
 
+def calibration_prompts(data, n_measured, tok, chat, note, n=50):
+    """Prompts to calibrate a missing Spiffy graph on, never the ones measured: the
+    training split's problems, or the --data file's lines after the first n_measured."""
+    if data is None:
+        note.append("missing Spiffy graphs are calibrated on training-split problems")
+        return [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(n, "train")]
+    rest = util.read_prompts(data, "--data", start=n_measured, stop=n_measured + n)
+    if not rest:
+        raise ValueError(f"a Spiffy graph is missing and --data {data} has no lines left after the "
+                         f"{n_measured} measured to calibrate it on: give fewer --prompts, or run "
+                         f"`python spiffy.py --calibrate --data FILE` first")
+    note.append(f"missing Spiffy graphs are calibrated on {data} lines {rest[0][0]}-{rest[-1][0]}, "
+                f"which are not measured")
+    return [tok.encode(tok.apply_chat_template(r["question"]) if chat else r["question"]) for _, r in rest]
+
+
 def runner(method, target, drafter, B, graphs, draft_budget=8, strategy=None, **simsd):
-    """-> f(prompt ids, max_new_tokens, eos) -> (ids, stats) for one method at block size B;
+    """-> f(prompt ids, max_new_tokens) -> (ids, stats) for one method at block size B;
     `strategy` replaces the one-token rule of the methods without +threshold. Every call gets
     a generator seeded alike, so that `random` positions are comparable across methods."""
     base, threshold = parse_method(method)
@@ -126,18 +130,16 @@ def runner(method, target, drafter, B, graphs, draft_budget=8, strategy=None, **
     device = target.embed.weight.device
     seeded = lambda: torch.Generator(device).manual_seed(0)
     if base in ("sdar", "plain"):
-        return lambda ids, n, eos: generate(target, ids, n, rule, fuse_commit=base == "plain",
-                                            eos_id=eos, generator=seeded())
+        return lambda ids, n: generate(target, ids, n, rule, fuse_commit=base == "plain",
+                                       generator=seeded())
     if base in SIMSD:
         kw = {**simsd, **SIMSD[base]}
-        return lambda ids, n, eos: simsd_generate(target, drafter, ids, n, rule, eos_id=eos,
-                                                  generator=seeded(), **kw)
+        return lambda ids, n: simsd_generate(target, drafter, ids, n, rule, generator=seeded(), **kw)
     graph = graphs(rule)
-    return lambda ids, n, eos: spiffy_generate(target, ids, n, rule, graph, draft_budget, eos_id=eos,
-                                               generator=seeded())
+    return lambda ids, n: spiffy_generate(target, ids, n, rule, graph, draft_budget, generator=seeded())
 
 
-def measure(runs, tasks, max_new_tokens, eos, tok, repeats, device, bar):
+def measure(runs, tasks, max_new_tokens, tok, repeats, device, bar):
     """Every task through every method before the next task (so a slow spell of a shared
     machine hits all methods alike); outputs and counts from the first pass, each method's wall
     time the median over repeats of its summed per-prompt times."""
@@ -149,7 +151,7 @@ def measure(runs, tasks, max_new_tokens, eos, tok, repeats, device, bar):
             for name, run in runs.items():
                 sync()
                 t0 = time.perf_counter()
-                out, st = run(ids, max_new_tokens, eos)
+                out, st = run(ids, max_new_tokens)
                 sync()
                 walls[name][r] += time.perf_counter() - t0
                 if r == 0:
@@ -171,7 +173,10 @@ def summarize(stats, outs, tasks, tok, wall):
     for s in stats:
         for k, v in s.get("round_ends", {}).items():
             ends[k] = ends.get(k, 0) + v
-    return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, round_ends=ends,
+    stops = {}   # why each prompt's decoding ended: a stop id, or max_new_tokens
+    for s in stats:
+        stops[s["stop"]] = stops.get(s["stop"], 0) + 1
+    return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, round_ends=ends, stops=stops,
                 target_fwd_per_token=nfe / tokens,
                 draft_fwd_per_token=sum(s.get("nfe_draft", 0) for s in stats) / tokens,
                 tokens_per_target_fwd=tokens / nfe, nfe=nfe, hist=hist,
@@ -179,9 +184,10 @@ def summarize(stats, outs, tasks, tok, wall):
                 accuracy=correct / len(tasks))
 
 
-def graphs_for(target_dir, target, calib_prompts, tok, note):
-    """A graph per rule: the one shipped next to the target, else calibrated here."""
-    cache = {}
+def graphs_for(target_dir, target, calib_prompts, note):
+    """A graph per rule: the one shipped next to the target, else calibrated here on
+    calib_prompts() (called once, when the first graph is missing)."""
+    cache, prompts = {}, []
 
     def get(rule):
         key = (rule.block_size, rule.strategy)
@@ -191,7 +197,7 @@ def graphs_for(target_dir, target, calib_prompts, tok, note):
                 cache[key] = load_graph(path, rule)
             else:
                 t0 = time.perf_counter()
-                prompts = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in calib_prompts]
+                prompts[:] = prompts or calib_prompts()
                 cache[key] = calibrate(target, prompts, rule)
                 note.append(f"calibrated a graph for {key} in {time.perf_counter() - t0:.1f} s "
                             f"({path.name} not found)")
@@ -203,11 +209,11 @@ def table(rows):
     cols = [("method", "{}"), ("B", "{}"), ("tok/s", "{:.1f}"), ("x sdar", "{:.2f}"),
             ("x plain", "{:.2f}"), ("tgt fwd/tok", "{:.3f}"), ("drf fwd/tok", "{:.2f}"),
             ("tok/tgt fwd", "{:.2f}"), ("of limit", "{:.0%}"), ("NFE / sdar", "{:.2f}x"),
-            ("mean/round", "{:.2f}"), ("accuracy", "{:.1%}"), ("same", "{:.0%}")]
+            ("mean/round", "{:.2f}"), ("accuracy", "{:.1%}"), ("same", "{:.0%}"), ("stopped", "{:.0%}")]
     keys = ["method", "block_size", "tokens_per_s", "speedup_vs_sdar", "speedup_vs_plain",
             "target_fwd_per_token", "draft_fwd_per_token", "tokens_per_target_fwd",
             "fraction_of_limit", "nfe_reduction_vs_sdar", "mean_per_round", "accuracy",
-            "same_fraction"]
+            "same_fraction", "stopped_fraction"]
     cells = [[f.format(r[k]) for (_, f), k in zip(cols, keys)] for r in rows]
     widths = [max(len(c[0]), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
     line = lambda xs: "  ".join(x.rjust(w) for x, w in zip(xs, widths))
@@ -244,7 +250,7 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, d
 def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
          prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, repeats=1,
          data=None, chat=False, sweep=None, ablate=(), draft_budget=None, out=None, strategy=None,
-         gate=None, draft_threshold=None, draft_stop=None, speed_of_light=None):
+         gate=None, draft_threshold=None, draft_stop=None, speed_of_light=None, stop_ids=None):
     """drafter, sweep, gate, draft_threshold, draft_stop (SimSD), ablate (simsd-paper),
     draft_budget (spiffy): None/() = the default, and an error when no method uses them.
     speed_of_light: a preset or checkpoint directory: run sol.py's figures instead."""
@@ -259,7 +265,7 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
     drafter, draft_budget = drafter or DEFAULT_DRAFTER, draft_budget or 8
     simsd_kw = {k: v for k, v in simsd_kw.items() if v is not None}
     dtype = getattr(torch, dtype) if dtype else None
-    tgt, tok = load(target, device, dtype)
+    tgt, tok = load(target, device, dtype, stop_ids)
     drf = None
     if any(parse_method(m)[0] in SIMSD for m in methods):
         drf, dtok = load(drafter, device, dtype)
@@ -275,7 +281,9 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
                 compile_model(m, compile)
     tasks = load_tasks(data, prompts, tok, chat)
     notes, rows, failed = [], [], []
-    graphs = graphs_for(target, tgt, problems(50, "train"), tok, notes)
+    if chat and tok.chat_template is None:
+        notes.append(f"{target} has no chat_template: the prompts are in ChatML")
+    graphs = graphs_for(target, tgt, lambda: calibration_prompts(data, len(tasks), tok, chat, notes), notes)
     # every method is compared with its plain counterpart (plain or threshold): run it too
     methods = list(methods) + [p for p in ("plain", "threshold") if p not in methods and any(
         parse_method(m)[1] == (p == "threshold") for m in methods)]
@@ -297,13 +305,13 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
     for key, (_, run) in plan.items():                            # warm-up (and compile)
         t0 = time.perf_counter()
         for ids, _ in tasks if compile else tasks[:1]:
-            run(ids, max_new_tokens, tok.eos_id)
+            run(ids, max_new_tokens)
         warmup[key] = time.perf_counter() - t0
     from torch._dynamo.utils import counters
     graphs_after_warmup = counters["stats"]["unique_graphs"]
     bar = tqdm(total=len(tasks) * repeats, desc="bench (prompts)", file=sys.stderr)
     outputs, results = measure({k: run for k, (_, run) in plan.items()}, tasks, max_new_tokens,
-                               tok.eos_id, tok, repeats, device, bar)
+                               tok, repeats, device, bar)
     bar.close()
     exact = dtype in (None, torch.float32)
     for (name, B), (m, _) in plan.items():
@@ -323,6 +331,7 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
         r["nfe_reduction_vs_sdar"] = (sdar["target_fwd_per_token"] / r["target_fwd_per_token"]
                                       if sdar else float("nan"))
         r["fraction_of_limit"] = r["tokens_per_target_fwd"] / r["block_size"]
+        r["stopped_fraction"] = r["stops"].get("stop_id", 0) / len(tasks)   # the rest ran to the limit
     print(table(rows))
     for r in rows:   # why SimSD's rounds ended: the drafter wrong where the target is sure, ...
         if r["round_ends"]:
@@ -363,7 +372,8 @@ def parse_args(argv=None):
                     help="torch.compile: static shapes and CUDA graphs on CUDA, dynamic on the CPU (auto)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--data", default=None, help="GSM8K-format JSONL (question, answer)")
-    ap.add_argument("--chat", action="store_true", help="ChatML prompts (chat checkpoints)")
+    ap.add_argument("--chat", action="store_true", help="prompts in the checkpoint's chat template "
+                    "(ChatML if it has none)")
     ap.add_argument("--sweep", choices=["gamma"], default=None)
     ap.add_argument("--ablate", default="", help="comma-separated: rope-copy, order")
     ap.add_argument("--draft-budget", type=int, default=None, help="Spiffy's D* (default 8)")
@@ -376,8 +386,11 @@ def parse_args(argv=None):
                     help="instead: time one decode forward and the decode loop of a random model "
                          "shaped like MODEL (a preset such as sdar-8b, or a checkpoint directory) "
                          "against the memory-bandwidth floor (sol.py)")
+    ap.add_argument("--stop-ids", default=None, help="comma-separated token ids that end decoding "
+                    "(default: the checkpoint's, as sample.py)")
     a = ap.parse_args(argv)
     block_sizes = util.int_list(a.block_size, "--block-size")
+    stop_ids = None if a.stop_ids is None else util.int_list(a.stop_ids, "--stop-ids")
     ablate = tuple(x for x in a.ablate.split(",") if x)
     return dict(target=a.target, drafter=a.drafter, block_sizes=block_sizes,
                 methods=tuple(a.methods.split(",")), prompts=4 if a.quick else a.prompts,
@@ -385,7 +398,7 @@ def parse_args(argv=None):
                 dtype=a.dtype, compile=a.compile, repeats=a.repeats, data=a.data, chat=a.chat,
                 sweep=a.sweep, ablate=ablate, draft_budget=a.draft_budget, out=a.out,
                 gate=a.gate, draft_threshold=a.draft_threshold, draft_stop=a.draft_stop,
-                strategy=a.strategy, speed_of_light=a.speed_of_light)
+                strategy=a.strategy, speed_of_light=a.speed_of_light, stop_ids=stop_ids)
 
 
 if __name__ == "__main__":

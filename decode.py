@@ -99,14 +99,16 @@ class DecodeRule:
         best[..., self.mask_id] = -math.inf      # (a scalar index: no host-to-device copy)
         return (best.max(-1).values - scaled.logsumexp(-1)).exp()
 
-    def pick(self, logits, generator=None):
+    def pick(self, logits, generator=None, noise=None):
         """Per row of (n, V) logits: a token drawn from `probs` (argmax when greedy), its
-        confidence, and the distribution it was drawn from. -> (tokens, confidence, p)."""
+        confidence, and the distribution it was drawn from. noise: the rows' (n, V) Exp(1)
+        draws (default: drawn here). -> (tokens, confidence, p)."""
         p = self.probs(logits)
         if self.temperature == 0:
             tokens = p.argmax(-1)
-        else:
-            tokens = torch.multinomial(p, 1, generator=generator).squeeze(-1)
+        else:  # torch.multinomial's own draw of one sample (the same tokens on the CPU)
+            noise = torch.empty_like(p).exponential_(generator=generator) if noise is None else noise
+            tokens = (p / noise).argmax(-1)
         return tokens, self.confidence(logits, tokens), p
 
     @property
@@ -116,19 +118,28 @@ class DecodeRule:
         return self.temperature == 0 and self.strategy != "random" and len(set(self.quota)) == 1
 
     def __call__(self, logits, block, step, generator=None):
-        """logits: (..., B, V) for the block; block: (..., B) with mask_id at unknown positions;
-        step: index of this step within the block. Returns the next state of the block (of
-        every block at once, when batched). No host sync: every position is scored and
-        ranked, the known ones last."""
+        """block: (..., B) with mask_id at unknown positions; logits: (..., B, V) for every
+        position of it, or packed, (M, V) for its M masked positions only, in order (what the
+        decoders compute: a known position is never read); step: index of this step within
+        the block. Returns the next state of the block (of every block at once, when
+        batched). No host sync: every position is scored and ranked, the known ones last."""
         masked = block == self.mask_id                                  # (..., B)
-        tokens, confidence, p = self.pick(logits.flatten(0, -2), generator)
-        tokens, confidence = tokens.view(block.shape), confidence.view(block.shape)
+        rows, packed = logits.flatten(0, -2), logits.shape[:-1] != block.shape   # (M, V)
+        at = packed_index(block, self.mask_id) if packed else \
+            torch.arange(block.numel(), device=block.device).view(block.shape)  # (..., B): its row
+        noise = None
+        if self.temperature:   # drawn for every position, so that packed logits draw the tokens
+            noise = torch.empty(block.numel(), rows.shape[-1], device=rows.device)   # every
+            noise = noise.exponential_(generator=generator)                           # row's would
+            noise = noise[packed_rows(block, self.mask_id, len(rows))] if packed else noise
+        tokens, confidence, p = self.pick(rows, generator, noise)
+        tokens, confidence = tokens[at], confidence[at]                 # (..., B)
         if self.strategy == "random":
             score = torch.rand(block.shape, generator=generator, device=block.device)
         elif self.strategy == "sequential":                              # leftmost first
             score = -torch.arange(block.shape[-1], device=block.device, dtype=torch.float).expand(block.shape)
         elif self.strategy == "entropy_bounded":                         # -entropy: surest first
-            score = (p * p.clamp(min=1e-30).log()).sum(-1).view(block.shape)
+            score = (p * p.clamp(min=1e-30).log()).sum(-1)[at]
         else:
             score = confidence
         score = score.masked_fill(~masked, -math.inf)
@@ -142,6 +153,18 @@ class DecodeRule:
             under = (-score.gather(-1, order)).cumsum(-1) < self.eb_threshold
             reveal = torch.zeros_like(masked).scatter_(-1, order, under) | (rank == 0)
         return torch.where(reveal & masked, tokens, block)
+
+
+def packed_rows(states, mask_id, n):
+    """(n,) flat indices of the n masked positions of (..., B) `states`, in order: the rows a
+    packed forward computes logits for. n is their count, known on the host: no host sync."""
+    return (states != mask_id).flatten().int().argsort(stable=True)[:n]
+
+
+def packed_index(states, mask_id):
+    """(..., B) states -> (..., B): each masked position's row in logits packed in
+    packed_rows' order (a known position gets a neighbour's row: it is never read)."""
+    return ((states == mask_id).flatten().cumsum(0) - 1).clamp(min=0).view(states.shape)
 
 
 MAX_BUCKET = 16   # static shapes: queries padded to 1, 2, 4, 8 or 16 blocks (more: not padded)
@@ -163,11 +186,14 @@ class Session:
         self.device = model.embed.weight.device
         self.committed, self.pending, self.nfe = 0, None, 0
 
-    def forward(self, tokens, pos, mask_for, keep):
+    def forward(self, tokens, pos, mask_for, keep, rows=None):
         """One forward of [pending ; tokens]. mask_for(prefix, n_commit) builds the mask_mod
-        (prefix = committed rows, n_commit = rows of the pending block); -> (keep, V) logits.
+        (prefix = committed rows, n_commit = rows of the pending block); -> (keep, V) logits,
+        or (M, V) for `rows` (M,) of the kept rows only (with a large vocabulary the head is
+        most of a small model's forward: a known position's logits are never read).
         With static shapes (and at most MAX_BUCKET blocks of queries), the queries are padded
-        to a power of two of blocks and the row numbers travel as one device tensor."""
+        to a power of two of blocks and the row numbers travel as one device tensor; the head
+        runs eagerly on the rows asked for, so their number makes no new graph."""
         n_commit = 0 if self.pending is None else len(self.pending)
         if n_commit:
             tokens = torch.cat([self.pending, tokens])
@@ -180,10 +206,11 @@ class Session:
             mask = masks.padded(mask_for(start, n_commit_t), start, n_real)
             x = self.model.static_trunk(self.model, F.pad(tokens, (0, pad))[None], F.pad(pos, (0, pad)),
                                         start, mask)
-            logits = self.model.head(x[:, T - keep:T])
+            x = x[:, T - keep:T]
+            logits = self.model.head(x if rows is None else x[:, rows])
         else:
             logits = self.model(tokens[None], pos, self.committed, mask_for(self.committed, n_commit),
-                                keep=keep)
+                                keep=keep, rows=rows)
         self.committed, self.pending = self.committed + n_commit, None
         self.nfe += 1
         return logits[0]
@@ -239,12 +266,25 @@ def check_prompt(prompt, config, max_new_tokens, device):
     return to_device(ids, device)
 
 
-def decode(fill_block, sessions, ids, block_size, max_new_tokens, mask_id, eos_id, on_block=None):
+def stop_ids(config, eos_id=None):
+    """The ids that end decoding: `eos_id` (one id or several) when given, else every id the
+    checkpoint lists (config.stop_ids: config.json's and generation_config.json's
+    eos_token_id, as SDAR's generate.py stops at each; a chat model ends its turn with
+    <|im_end|>), else config.eos_token_id."""
+    if eos_id is None:
+        return frozenset(config.stop_ids or (config.eos_token_id,))
+    return frozenset((eos_id,) if isinstance(eos_id, int) else eos_id)
+
+
+def decode(fill_block, sessions, ids, block_size, max_new_tokens, mask_id, stops, on_block=None):
     """The block loop every decoder shares: prefill the prompt's whole blocks into each
     session, then fill block after block (the prompt tail stays in the first block as known
     tokens, so blocks stay on the grid the model was trained on) and commit each; stop at
-    EOS or max_new_tokens. fill_block(block, pos) -> the filled block, and its host copy
-    (the copy a decoder made anyway to see that the block was full: no extra sync)."""
+    the first of the `stops` ids, at max_new_tokens, or when on_block(new ids) returns True
+    (a caller's own stop, e.g. a stop string). fill_block(block, pos, n_masked) -> the filled
+    block, and its host copy (the copy a decoder made anyway to see that the block was full:
+    no extra sync); n_masked: the block's masked positions, counted on the host. -> (new ids without the stop id, why it stopped: "stop_id",
+    "max_new_tokens" or "on_block")."""
     B = block_size
     n_prefix = len(ids) // B * B
     for s in sessions:
@@ -253,18 +293,18 @@ def decode(fill_block, sessions, ids, block_size, max_new_tokens, mask_id, eos_i
     while len(out) < max_new_tokens:
         block = torch.full((B,), mask_id, device=ids.device)
         block[:len(tail)] = tail
-        block, host = fill_block(block, torch.arange(start, start + B, device=ids.device))
+        block, host = fill_block(block, torch.arange(start, start + B, device=ids.device), B - len(tail))
         for s in sessions:
             s.commit(block)
         new = host[len(tail):]
-        tail, start, stop = tail[:0], start + B, eos_id in new
-        new = new[:new.index(eos_id)] if stop else new
-        out += new
-        if on_block:
-            on_block(new)
-        if stop:
-            break
-    return out[:max_new_tokens]
+        tail, start = tail[:0], start + B
+        end = next((i for i, t in enumerate(new) if t in stops), None)
+        out += new if end is None else new[:end]
+        if on_block and on_block(new if end is None else new[:end]):
+            return out[:max_new_tokens], "on_block"
+        if end is not None:
+            return out[:max_new_tokens], "stop_id" if len(out) < max_new_tokens else "max_new_tokens"
+    return out[:max_new_tokens], "max_new_tokens"
 
 
 @torch.no_grad()
@@ -274,24 +314,26 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
     model: a Transformer (batch 1). prompt: token ids. rule: a DecodeRule (default: the
     model's block size, one token per step, greedy). fuse_commit: write each finished block
     into the cache during the next block's first forward (False: SDAR's extra commit
-    forward). eos_id: stop token (default config.eos_token_id). generator: torch.Generator
-    for sampling. on_block(new_ids): called as each block is finished.
-    Returns (new token ids without EOS, stats with nfe, tokens, seconds)."""
+    forward). eos_id: the stop id, or several (default: stop_ids(config)). generator:
+    torch.Generator for sampling. on_block(new_ids): called as each block is finished; True
+    stops decoding. Returns (new token ids without the stop id, stats with nfe, tokens,
+    seconds and stop: why it ended)."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     ids = check_prompt(prompt, c, max_new_tokens, model.embed.weight.device)
     B, t0 = rule.block_size, time.perf_counter()
     sess = Session(model, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
 
-    def fill_block(block, pos):   # a new block always starts with a masked position
+    def fill_block(block, pos, n_masked):   # a new block always starts with a masked position
         step = 0
-        while True:
-            logits = sess.forward(block, pos, lambda c, n: masks.block_causal(B, c), keep=B)
+        while n_masked:                                  # logits at the masked positions only
+            logits = sess.forward(block, pos, lambda c, n: masks.block_causal(B, c), keep=B,
+                                  rows=packed_rows(block, rule.mask_id, n_masked))
             block, step = rule(logits, block, step, generator), step + 1
             host, = to_host(block)                      # host sync, once a forward
-            if rule.mask_id not in host:
-                return block, host
+            n_masked = host.count(rule.mask_id)
+        return block, host
 
-    eos = c.eos_token_id if eos_id is None else eos_id
-    out = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, eos, on_block)
-    return out, dict(nfe=sess.nfe, tokens=len(out), seconds=time.perf_counter() - t0)
+    out, stop = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, stop_ids(c, eos_id),
+                       on_block)
+    return out, dict(nfe=sess.nfe, tokens=len(out), seconds=time.perf_counter() - t0, stop=stop)

@@ -46,6 +46,7 @@ class ModelConfig:
     block_sizes: tuple = ()      # all it was trained for; () = block_size only (SDAR checkpoints)
     mask_token_id: int = 3
     eos_token_id: int = 2
+    stop_ids: tuple = ()         # every id that ends decoding (a chat model's end of turn too)
     max_seq_len: int = 4096      # longest prompt + generation accepted
 
     def __post_init__(self):
@@ -65,16 +66,21 @@ class ModelConfig:
         if not 0 <= self.mask_token_id < self.vocab_size:  # (an odd EOS id only never stops)
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
                              f"(vocab_size {self.vocab_size})")
+        if not all(0 <= i < self.vocab_size for i in self.stop_ids):
+            raise ValueError(f"eos_token_id {list(self.stop_ids)} holds an id outside the "
+                             f"vocabulary (vocab_size {self.vocab_size})")
         if any(b < 1 for b in self.block_sizes) or (self.block_sizes and self.block_size not in self.block_sizes):
             raise ValueError(f"block_sizes {list(self.block_sizes)} must be >= 1 and include "
                              f"block_size {self.block_size}")
 
     @classmethod
-    def from_hf(cls, hf, source="config.json"):
+    def from_hf(cls, hf, source="config.json", generation=None):
         """From an HF config.json dict (SDAR, or Qwen3 with a mask token added). Every key that
         shapes the network is required, with its type; only head_dim (hidden_size / heads, as
         in HF), tie_word_embeddings (False, as in HF Qwen3), eos_token_id (Qwen's) and
-        max_position_embeddings may be left out. Errors name the key and `source`."""
+        max_position_embeddings may be left out. `generation`: generation_config.json's dict,
+        whose eos_token_id ids (one or a list) join config.json's as stop ids. Errors name the
+        key and `source`."""
         def fail(msg):
             raise ValueError(f"{source}: {msg}")
 
@@ -87,9 +93,14 @@ class ModelConfig:
         for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("use_sliding_window", False)):
             if hf.get(key, want) != want:
                 fail(f"{key} {hf[key]!r} is not supported (only {want!r})")
-        eos = hf.get("eos_token_id")
-        if type(eos) is list:          # Qwen3 configs may list several; the first is the EOS
-            hf = dict(hf, eos_token_id=eos[0] if eos else None)
+        stops = []   # config.json's eos_token_id (Qwen3 chat configs may list several; the first
+        for where, cfg in ((source, hf), ("generation_config.json", generation or {})):  # is the EOS)
+            eos = cfg.get("eos_token_id")
+            eos = [] if eos is None else eos if type(eos) is list else [eos]
+            if not all(type(i) is int for i in eos):
+                raise ValueError(f"{where}: eos_token_id must be an id or a list of ids, got {cfg['eos_token_id']!r}")
+            stops += [i for i in eos if i not in stops]
+        hf = dict(hf, eos_token_id=stops[0] if stops else None)
         kw = {}
         for ours, theirs in HF_KEYS.items():
             kind, value = FIELD_TYPES.get(ours, int), hf.get(theirs)
@@ -119,7 +130,8 @@ class ModelConfig:
             kw["head_dim"] = kw["n_embd"] // kw["n_head"]
         kw.update(rope_theta=float(theta), block_sizes=tuple(kw.get("block_sizes", ())),
                   tie_embeddings=kw.get("tie_embeddings", False),     # HF Qwen3's default
-                  eos_token_id=kw.get("eos_token_id", 151643))        # Qwen's <|endoftext|>
+                  eos_token_id=kw.get("eos_token_id", 151643),        # Qwen's <|endoftext|>
+                  stop_ids=tuple(stops) if len(stops) > 1 else ())
         try:
             return cls(**kw)
         except ValueError as e:
@@ -127,6 +139,7 @@ class ModelConfig:
 
     def to_hf(self):
         hf = {theirs: getattr(self, ours) for ours, theirs in HF_KEYS.items()}
+        hf["eos_token_id"] = list(self.stop_ids) or self.eos_token_id
         return dict(hf, model_type="sdar", architectures=["SDARForCausalLM"], hidden_act="silu",
                     attention_bias=False, block_sizes=list(self.block_sizes))
 
@@ -281,18 +294,20 @@ class Transformer(nn.Module):
             layer.attn.cache = KVCache(batch, self.config.n_kv_head, max_len,
                                        self.config.head_dim, p.dtype, p.device)
 
-    def forward(self, idx, pos=None, start=None, mask=None, keep=None):
+    def forward(self, idx, pos=None, start=None, mask=None, keep=None, rows=None):
         """idx: (b, T) token ids. pos: (b, T) or (T,) RoPE positions (default start + arange).
         start: None for a cache-free forward, else the cache row the queries are written to.
         mask: a mask_mod, BlockMask or dense bool mask over keys [0, start + T); default
-        block-causal. keep: compute logits for the last `keep` rows only. -> (b, keep, vocab)"""
+        block-causal. keep: compute logits for the last `keep` rows only; rows: (M,) indices
+        into those: for these only. -> (b, keep or M, vocab)"""
         if torch.is_tensor(start):
             raise TypeError("forward takes start as an int; static shapes go through decode.Session")
         T, off = idx.shape[1], start or 0
         if pos is None:
             pos = torch.arange(off, off + T, device=idx.device)
         x = self.trunk(idx, pos, start, masks.block_causal(self.config.block_size, off) if mask is None else mask)
-        return self.head(x if keep is None else x[:, T - keep:])
+        x = x if keep is None else x[:, T - keep:]
+        return self.head(x if rows is None else x[:, rows])
 
     def trunk(self, idx, pos, start, mask):
         """Embedding, layers and final norm -> (b, T, n_embd). With `start` a device tensor the
@@ -367,7 +382,9 @@ class Transformer(nn.Module):
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"no config.json in checkpoint directory {path}")
-        config = ModelConfig.from_hf(read_json(path / "config.json"), source=path / "config.json")
+        generation = path / "generation_config.json"   # the stop ids of chat checkpoints
+        config = ModelConfig.from_hf(read_json(path / "config.json"), source=path / "config.json",
+                                     generation=read_json(generation) if generation.is_file() else None)
         index = path / "model.safetensors.index.json"
         if index.is_file():
             weight_map = read_json(index).get("weight_map")

@@ -13,6 +13,7 @@ input is one line `error: ...` on stderr and a non-zero exit status.
 """
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -37,15 +38,24 @@ SIMSD_DEFAULTS = dict(verifier="copies", acceptance="lossless", gamma=None, gate
                       draft_threshold=DRAFT_THRESHOLD, draft_stop=DRAFT_STOP)  # simsd_generate's
 
 
-def load(path, device="cpu", dtype=None):
-    """A checkpoint directory -> (model, tokenizer)."""
+def load(path, device="cpu", dtype=None, stop_ids=None):
+    """A checkpoint directory -> (model, tokenizer). Decoding stops at every id the checkpoint
+    lists (config.json's and generation_config.json's eos_token_id) and at the tokenizer's
+    EOS, or at `stop_ids` when given (model.config.stop_ids)."""
     if not Path(path).is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     model = Transformer.from_pretrained(path, device=device, dtype=dtype or torch.float32)
-    tok = load_tokenizer(path, mask_id=model.config.mask_token_id)
-    if tok.vocab_size > model.config.vocab_size:
-        raise ValueError(f"{path}: tokenizer has {tok.vocab_size} ids, the model only "
-                         f"{model.config.vocab_size}")
+    c = model.config
+    tok = load_tokenizer(path, mask_id=c.mask_token_id)
+    if tok.vocab_size > c.vocab_size:
+        raise ValueError(f"{path}: tokenizer has {tok.vocab_size} ids, the model only {c.vocab_size}")
+    listed = [*(c.stop_ids or [c.eos_token_id]), *([tok.eos_id] if tok.eos_id is not None else [])]
+    for i in stop_ids or ():
+        if not 0 <= i < tok.vocab_size or i == c.mask_token_id:
+            raise ValueError(f"--stop-ids: {i} is not a token id of {path}'s vocabulary "
+                             f"(0..{tok.vocab_size - 1}, the mask token {c.mask_token_id} excepted)")
+    stops = tuple(dict.fromkeys(listed if stop_ids is None else stop_ids))
+    c.stop_ids = () if stops == (c.eos_token_id,) else stops    # (): eos_token_id alone
     return model, tok
 
 
@@ -142,7 +152,7 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=Non
          block_size=None, gamma=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
          max_new_tokens=64, seed=0, device="cpu", dtype=None, compile=False, chat=False,
          graph=None, draft_budget=None, as_json=False, verifier=None, acceptance=None, gate=None,
-         draft_threshold=None, draft_stop=None, strategy=None, eb_threshold=0.35):
+         draft_threshold=None, draft_stop=None, strategy=None, eb_threshold=0.35, stop_ids=None):
     """drafter, gamma, verifier, acceptance, gate, draft_threshold, draft_stop (simsd), graph,
     draft_budget (spiffy): None = the default, and an error when given to a method that does
     not use them."""
@@ -151,12 +161,14 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=Non
     check_args(spec, block_size, threshold, temperature, top_k, top_p, max_new_tokens, device,
                drafter, graph, draft_budget, eb_threshold, **simsd)
     dtype = getattr(torch, dtype) if dtype else None
-    model, tok = load(target, device, dtype)
+    model, tok = load(target, device, dtype, stop_ids)
     if spec == "simsd" and threshold is None and strategy is None:
         threshold = SIMSD_THRESHOLD   # SimSD's default rule: see SIMSD_THRESHOLD
     rule = make_rule(model, block_size, threshold, temperature, top_k, top_p, None, strategy, eb_threshold)
     check_block_size(model, rule.block_size, "target")
     text = tok.apply_chat_template(prompt) if chat else prompt
+    if chat and tok.chat_template is None:
+        print(f"note: {target} has no chat_template; the prompt is in ChatML", file=sys.stderr)
     ids = tok.encode(text)
     check_prompt(ids, model.config, max_new_tokens, device)
     if spec == "simsd":
@@ -180,7 +192,7 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=Non
         print(tok.decode(shown)[len(before):], end="", flush=True)
 
     gen = torch.Generator(device=device).manual_seed(seed)
-    kw = dict(rule=rule, eos_id=tok.eos_id, generator=gen, on_block=None if as_json else on_block)
+    kw = dict(rule=rule, generator=gen, on_block=None if as_json else on_block)
     if not as_json:
         print(text, end="", flush=True)
     if spec == "none":
@@ -194,7 +206,8 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=DEFAULT_TARGET, drafter=Non
     nfe_draft = stats.get("nfe_draft", 0)
     summary = (f"\n--- {stats['tokens']} tokens in {stats['seconds']:.2f} s "
                f"({stats['tokens'] / stats['seconds']:.1f} tok/s), target NFE {stats['nfe']} "
-               f"({stats['tokens'] / stats['nfe']:.2f} tokens/forward)")
+               f"({stats['tokens'] / stats['nfe']:.2f} tokens/forward), ended by "
+               f"{'a stop id' if stats['stop'] == 'stop_id' else stats['stop']}")
     if spec == "simsd":
         summary += f", drafter NFE {nfe_draft}, mean accepted {stats['mean_accepted']:.2f}"
     if spec == "spiffy":
@@ -246,17 +259,24 @@ def parse_args(argv=None):
     ap.add_argument("--top-k", type=int, default=None)
     ap.add_argument("--top-p", type=float, default=None)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--stop-ids", default=None, help="comma-separated token ids that end decoding "
+                    "(default: the checkpoint's eos_token_id list, generation_config.json's, and "
+                    "the tokenizer's EOS)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--compile", nargs="?", const="auto", choices=COMPILE_MODES,
                     help="torch.compile the models: static shapes and CUDA graphs on CUDA, "
                          "dynamic shapes on the CPU (auto), or say which")
-    ap.add_argument("--chat", action="store_true", help="wrap the prompt in the ChatML template")
+    ap.add_argument("--chat", action="store_true", help="render the prompt with the checkpoint's own "
+                    "chat template (tokenizer_config.json's chat_template; ChatML if it has none)")
     ap.add_argument("--graph", default=None, help="spiffy: draft graph JSON (default: next to the target)")
     ap.add_argument("--draft-budget", type=int, default=None, help="spiffy: D*, nodes verified per forward (default 8)")
     ap.add_argument("--json", dest="as_json", action="store_true", help="last line: one JSON object")
-    return vars(ap.parse_args(argv))
+    args = vars(ap.parse_args(argv))
+    if args["stop_ids"] is not None:
+        args["stop_ids"] = util.int_list(args["stop_ids"], "--stop-ids")
+    return args
 
 
 if __name__ == "__main__":

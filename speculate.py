@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 import mask as masks
-from decode import DecodeRule, Session, check_prompt, decode, to_host
+from decode import DecodeRule, Session, check_prompt, decode, packed_index, stop_ids, to_host
 from verify import first_true, same_state, verify_copies, walk
 
 VERIFIERS, ACCEPTS = ("temporal", "copies"), ("paper", "gated", "lossless")
@@ -75,11 +75,11 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
     block, rows = block.clone(), []
     left = min(gamma, int((block == rule.mask_id).sum()))          # host sync
     while left > 0:
+        masked = (block == rule.mask_id).nonzero().squeeze(-1)       # (m,): the rows read
         logits = sess.forward(block, pos, lambda c, k: masks.block_causal(rule.block_size, c),
-                              keep=len(block))
-        masked = (block == rule.mask_id).nonzero().squeeze(-1)
-        p = rule.probs(logits[masked])                               # (m, V)
-        conf = rule.top_confidence(logits[masked])
+                              keep=len(block), rows=masked)
+        p = rule.probs(logits)                                       # (m, V)
+        conf = rule.top_confidence(logits)
         conf, order = conf.sort(descending=True, stable=True)
         sure = 1 + int((conf[1:] > draft_threshold).sum()) if draft_threshold else 1  # host sync
         take = order[:min(sure, left)]
@@ -156,21 +156,22 @@ def accept(logits, block, d, rule, generator=None):
     return block, accepted
 
 
-def accept_exact(logits, copies, d, step, rule, gate=None, generator=None):
-    """The "paper" (gate None) or "gated" rule on exact logits: logits[k] is the target at
-    copies[k], the state before draft k; logits[n] the state after every draft.
+def accept_exact(logits, copies, counts, d, step, rule, gate=None, generator=None):
+    """The "paper" (gate None) or "gated" rule on exact logits, verify_copies' (packed, with
+    its counts): the target at copies[k], the state before draft k; copies[n] is the state
+    after every draft.
     Draft k is accepted when gated and agreed. At the first draft not accepted, a gated one
     gets the correction; an ungated one (the target is not sure there) is replaced by the
     target's own decoding step from that state; if every draft is accepted, the target steps
     from the last state, whose logits come with the forward.
     -> (new block, accepted, steps, why the round ended)."""
     n, k = len(d.pos), torch.arange(len(d.pos), device=d.pos.device)
-    rows = logits[k, d.pos]                                          # (n, V) at each draft
-    p_target = rule.probs(rows)
+    at = packed_index(copies, rule.mask_id)                          # (n + 1, B): each one's row
+    p_target = rule.probs(logits[at[k, d.pos]])                      # (n, V) at each draft
     ok = agree(p_target, d, rule, generator)
     if gate is not None:
         masked = copies[:n] == rule.mask_id                          # (n, B)
-        top = rule.top_confidence(logits[:n]).masked_fill(~masked, -1.0)  # (n, B)
+        top = rule.top_confidence(logits[:sum(counts[:n])])[at[:n]].masked_fill(~masked, -1.0)
         gated = (top.argmax(-1) == d.pos) | (top[k, d.pos] > gate)
         ok &= gated
     accepted = int(first_true(~ok))                                  # host sync
@@ -181,7 +182,8 @@ def accept_exact(logits, copies, d, step, rule, gate=None, generator=None):
     why = "every draft accepted" if accepted == n else "target unsure"
     if not (copies[accepted] == rule.mask_id).any():                 # every draft taken: full
         return copies[accepted], accepted, accepted, why
-    return rule(logits[accepted], copies[accepted], step + accepted, generator), accepted, accepted + 1, why
+    state = logits.split(counts)[accepted]                           # its (counts[accepted], V)
+    return rule(state, copies[accepted], step + accepted, generator), accepted, accepted + 1, why
 
 
 def check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order):
@@ -234,9 +236,9 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     if generator is not None:
         draft_gen = torch.Generator(generator.device).manual_seed(generator.initial_seed() + 1)
 
-    def fill_block(block, pos):
+    def fill_block(block, pos, n_masked):
         step = 0
-        while (block == rule.mask_id).any():                         # host sync
+        while n_masked:
             d = draft(dsess, block, pos, rule, gamma, draft_threshold, draft_stop, draft_gen)
             if verifier == "temporal":
                 if order == "position":                              # ablation: left to right
@@ -245,27 +247,29 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
                 block, n_accepted = accept(verify(tsess, block, pos, d, rule, rope_copy),
                                            block, d, rule, generator)
             else:
-                copies = d.states(block)
-                logits = verify_copies(tsess, copies, pos)
+                copies = d.states(block)                             # copy k: k drafts revealed
+                counts = [n_masked - k for k in range(len(copies))]
+                logits = verify_copies(tsess, copies, pos, counts, rule.mask_id)
                 if acceptance == "lossless":
-                    path, _ = walk(logits, copies, step, rule, generator)
+                    path, _ = walk(logits, copies, counts, step, rule, generator)
                     block, n_steps = path[-1][1], len(path)
                     reached = same_state(copies[None], torch.stack([s for _, s in path])[:, None])
                     n_accepted = int((reached * torch.arange(len(copies), device=reached.device)).max())
                     why = "every draft accepted" if n_accepted == len(d.pos) else "target chose otherwise"
                 else:
                     block, n_accepted, n_steps, why = accept_exact(
-                        logits, copies, d, step, rule, gate if acceptance == "gated" else None,
+                        logits, copies, counts, d, step, rule, gate if acceptance == "gated" else None,
                         generator)
                 step += n_steps
                 ends[why] += 1
             hist[n_accepted] += 1
+            n_masked = int((block == rule.mask_id).sum())                # host sync
         return block, to_host(block)[0]
 
-    eos = c.eos_token_id if eos_id is None else eos_id
-    out = decode(fill_block, [tsess, dsess], ids, B, max_new_tokens, rule.mask_id, eos, on_block)
+    out, stop = decode(fill_block, [tsess, dsess], ids, B, max_new_tokens, rule.mask_id,
+                       stop_ids(c, eos_id), on_block)
     seconds, rounds = time.perf_counter() - t0, sum(hist.values())
-    return out, dict(nfe=tsess.nfe, nfe_draft=dsess.nfe, tokens=len(out), seconds=seconds,
+    return out, dict(stop=stop, nfe=tsess.nfe, nfe_draft=dsess.nfe, tokens=len(out), seconds=seconds,
                      rounds=rounds, accept_hist=dict(sorted(hist.items())),
                      mean_accepted=sum(k * v for k, v in hist.items()) / max(rounds, 1),
                      round_ends=dict(ends), tokens_per_s=len(out) / seconds)

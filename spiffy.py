@@ -20,6 +20,8 @@ the random draws in the same order, so the output is plain decoding's, token for
 
     python spiffy.py --calibrate            # models/target/spiffy_graph_b{4,8,32}_{static,t0.9}.json
     python spiffy.py --calibrate --strategy sequential --block-size 8   # another SDAR strategy
+    python spiffy.py --calibrate --target ~/SDAR-8B-Chat --block-size 4 --threshold 0.9 \\
+        --data gsm8k_calib.jsonl --chat --prompts 25   # a chat model, on prompts like its task
     python sample.py --spec spiffy
 """
 import argparse
@@ -30,25 +32,31 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 import util
-from decode import STRATEGIES, DecodeRule, Session, check_prompt, decode, to_device
+from decode import STRATEGIES, DecodeRule, Session, check_prompt, decode, packed_index, stop_ids, to_device
 from verify import verify_copies, walk
 
 
-def ranks(logits, states, rule, k=None):
+def ranks(logits, states, rule, k=None, packed_at=None):
     """Rank the positions of each state by the confidence of their most likely token under
     `logits` (the distribution the drafts are built from; the rule's own confidence), masked
     positions first, and give each its k most likely tokens under the rule's `probs` (all if
-    None). logits (..., B, V), states (..., B) -> (..., B) positions by rank, (..., B, k)
-    token order, (..., B, k) probs. No host sync."""
+    None: a full sort, for calibration; the drafts need only the graph's largest token rank).
+    logits: (..., B, V) at every position of states (..., B), or packed (M, V) at the masked
+    positions of `packed_at` (..., B), the states stepped from (a state's masked positions
+    are among theirs). -> (..., B) positions by rank, (..., B, k) token order, (..., B, k)
+    probs (a known position's are any row's). No host sync."""
     flat = logits.flatten(0, -2)
-    conf = rule.top_confidence(flat).view(states.shape).masked_fill(states != rule.mask_id, -1.0)
+    at = torch.arange(states.numel(), device=states.device).view(states.shape) \
+        if packed_at is None else packed_index(packed_at, rule.mask_id)    # (..., B): its row
+    conf = rule.top_confidence(flat)[at].masked_fill(states != rule.mask_id, -1.0)
     order = conf.sort(dim=-1, descending=True, stable=True).indices
-    p = rule.probs(flat).view(logits.shape)
+    p = rule.probs(flat)
     p, tok = p.sort(-1, descending=True) if k is None else p.topk(min(k, p.shape[-1]))
-    by_rank = order[..., None].expand(*order.shape, p.shape[-1])
-    return order, tok.gather(-2, by_rank), p.gather(-2, by_rank)
+    by_rank = at.gather(-1, order)                                          # (..., B): rows by rank
+    return order, tok[by_rank], p[by_rank]
 
 
 def reveal_pairs(ranked, state, later, mask_id):
@@ -118,9 +126,8 @@ def load_graph(path, rule):
     """Read a calibrated graph; refuse one made for another block size or decoding rule."""
     path = Path(path)
     if not path.is_file():
-        extra = "" if rule.strategy.startswith("low_confidence") else f" --strategy {rule.strategy}"
-        raise FileNotFoundError(f"draft graph {path} not found (run `python spiffy.py --calibrate "
-                                f"--block-size {rule.block_size}{extra}`)")
+        raise FileNotFoundError(f"draft graph {path} not found (run `{calibrate_command(path.parent, rule)}`, "
+                                f"with --data FILE.jsonl [--chat] to calibrate on your own prompts)")
     try:
         g = json.loads(path.read_text())
         g["nodes"] = [tuple(tuple(p) for p in n) for n in g["nodes"]]
@@ -135,6 +142,14 @@ def load_graph(path, rule):
     if got != want:
         raise ValueError(f"draft graph {path} was calibrated for {got}, not {want}")
     return g
+
+
+def calibrate_command(target_dir, rule):
+    """The spiffy.py command that writes the graph for `rule` next to target_dir's weights."""
+    extra = {"low_confidence_static": "", "low_confidence_dynamic": f" --threshold {rule.threshold:g}",
+             "entropy_bounded": f" --strategy entropy_bounded --eb-threshold {rule.eb_threshold:g}"}
+    return (f"python spiffy.py --calibrate --target {target_dir} --block-size {rule.block_size}"
+            + extra.get(rule.strategy, f" --strategy {rule.strategy}"))
 
 
 def graph_path(target_dir, rule):
@@ -170,15 +185,16 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
     advanced, verified = Counter(), Counter()
     k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0) if graph else 0
 
-    def fill_block(block, pos):
-        step, copies, states, trajectory = 0, block[None], [block], []
+    def fill_block(block, pos, n_masked):
+        step, copies, counts, states, trajectory = 0, block[None], [n_masked], [block], []
         while True:
-            logits = verify_copies(sess, copies, pos)
-            path, (state, *ranked) = walk(logits, copies, step, rule, generator,   # host sync
-                                          lambda lg, st: ranks(lg, st, rule, k) if graph else ())
-            if record:                                         # calibration only: keeps logits
-                trajectory += [lg for lg, _ in path]
-                states += [new for _, new in path]
+            logits = verify_copies(sess, copies, pos, counts, rule.mask_id)
+            path, (state, *ranked) = walk(logits, copies, counts, step, rule, generator,   # host sync
+                                          lambda lg, cp, st: ranks(lg, st, rule, k, cp) if graph else ())
+            if record:                 # calibration only: keeps each step's logits, as (B, V)
+                for lg, new in path:
+                    trajectory.append(lg[packed_index(states[-1], rule.mask_id)])
+                    states.append(new)
             step, block = step + len(path), path[-1][1]
             advanced[len(path)] += 1
             verified[len(copies) - 1] += 1
@@ -188,11 +204,13 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
                 return block, state
             drafts = build_drafts(ranked, state, graph, draft_budget, rule) if graph else []
             copies = to_device([state] + drafts, block.device) if drafts else block[None]
+            counts = [s.count(rule.mask_id) for s in [state] + drafts]
 
-    eos = c.eos_token_id if eos_id is None else eos_id
-    out = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, eos, on_block)
+    out, stop = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, stop_ids(c, eos_id),
+                       on_block)
     seconds = time.perf_counter() - t0
-    return out, dict(nfe=sess.nfe, tokens=len(out), seconds=seconds, tokens_per_s=len(out) / seconds,
+    return out, dict(stop=stop, nfe=sess.nfe, tokens=len(out), seconds=seconds,
+                     tokens_per_s=len(out) / seconds,
                      steps_per_forward=dict(sorted(advanced.items())),
                      nodes_per_forward=dict(sorted(verified.items())))
 
@@ -217,46 +235,67 @@ def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
                 counts=[counts[n] for n in nodes])
 
 
-def main(target="models/target", block_sizes=(4, 8, 32), thresholds=(None, 0.9), prompts=50,
-         budget=16, max_new_tokens=64, strategy=None, eb_threshold=0.35):
-    """Calibrate and save a graph per (block size, rule) on training-split problems: the static
-    and threshold rules, or one other of SDAR's strategies when `strategy` is given. Every
-    flag, the target and each block size (one the target was trained for) are checked before
-    the first graph is written; each graph file is replaced whole."""
+def main(target="models/target", block_sizes=(4, 8, 32), threshold=None, prompts=50, budget=16,
+         max_new_tokens=64, strategy=None, eb_threshold=0.35, data=None, chat=False):
+    """Calibrate and save a graph per (block size, rule) next to the target's weights: the
+    static and threshold (0.9) rules, or the threshold rule at `threshold`, or one other of
+    SDAR's strategies. Prompts: the first `prompts` training-split problems, or the first
+    `prompts` of `data` (JSONL with "question"; in the checkpoint's chat template with
+    `chat`), which should look like what the graph will decode. Every flag, the target,
+    each block size and the data are checked before the first graph is written; each graph
+    file is replaced whole."""
     from prepare import problems
     from sample import check_block_size, load, make_rule
     util.check_positive(prompts=prompts, budget=budget, max_new_tokens=max_new_tokens)
     for B in block_sizes:
         util.check_positive(block_size=B)
+    if threshold is not None and strategy not in (None, "low_confidence_dynamic"):
+        raise ValueError(f"--threshold applies to the threshold rule, not --strategy {strategy}")
+    if chat and data is None:
+        raise ValueError("--chat needs --data: the project's own problems are not chat prompts")
+    texts = ([r["question"] for _, r in util.read_prompts(data, "--data", stop=prompts)] if data else
+             [f"Question: {p['question']}\nAnswer:" for p in problems(prompts, "train")])
+    if not texts:
+        raise ValueError(f"--data file {data} holds no prompts")
     model, tok = load(target)
     for B in block_sizes:
         check_block_size(model, B, "target")
     util.check_writable(target, "--target", folder=True)
-    ids = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(prompts, "train")]
+    ids = [tok.encode(tok.apply_chat_template(t) if chat else t) for t in texts]
+    rules = [(threshold, strategy)] if threshold or strategy else [(None, None), (0.9, None)]
     for B in block_sizes:
-        for th in thresholds if strategy is None else (None,):
-            rule = make_rule(model, B, th, strategy=strategy, eb_threshold=eb_threshold)
+        for th, strat in rules:
+            rule = make_rule(model, B, th, strategy=strat, eb_threshold=eb_threshold)
             t0 = time.perf_counter()
-            g = calibrate(model, ids, rule, max_new_tokens, budget)
+            g = calibrate(model, tqdm(ids, desc=f"calibrate B={B} {rule.strategy}", leave=False), rule,
+                          max_new_tokens, budget)
             path = graph_path(target, rule)
             with util.atomic_write(path) as tmp:
                 tmp.write_text(json.dumps(g) + "\n")
-            print(f"{path}: {len(g['nodes'])} nodes in {time.perf_counter() - t0:.1f} s, "
-                  f"most frequent {g['nodes'][:3]} x {g['counts'][:3]}")
+            print(f"{path}: {len(g['nodes'])} nodes from {len(ids)} prompts in "
+                  f"{time.perf_counter() - t0:.1f} s, most frequent {g['nodes'][:3]} x {g['counts'][:3]}")
 
 
 if __name__ == "__main__":
     ap = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calibrate", action="store_true", help="calibrate and save draft graphs")
-    ap.add_argument("--target", default="models/target")
+    ap.add_argument("--target", default="models/target", help="checkpoint directory; the graphs "
+                    "are written next to its weights")
     ap.add_argument("--block-size", default="4,8,32", help="comma-separated")
-    ap.add_argument("--prompts", type=int, default=50, help="training-split problems to run")
+    ap.add_argument("--data", default=None, help="JSONL with a \"question\" per line: calibrate on "
+                    "these prompts (default: the project's training-split problems)")
+    ap.add_argument("--chat", action="store_true", help="--data's prompts in the checkpoint's chat template")
+    ap.add_argument("--prompts", type=int, default=50, help="prompts to run (the first N)")
     ap.add_argument("--budget", type=int, default=16, help="D: nodes kept in the graph")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="calibrate the threshold rule at this confidence only (default: the "
+                         "static rule and the threshold rule at 0.9)")
     ap.add_argument("--strategy", default=None, choices=STRATEGIES,
-                    help="calibrate for this SDAR strategy (default: the static and threshold rules)")
+                    help="calibrate for this SDAR strategy only")
     ap.add_argument("--eb-threshold", type=float, default=0.35, help="entropy_bounded's bound")
     a = ap.parse_args()
     if not a.calibrate:
         ap.error("nothing to do: pass --calibrate")
-    util.run(lambda: main(a.target, util.int_list(a.block_size, "--block-size"), prompts=a.prompts,
-                          budget=a.budget, strategy=a.strategy, eb_threshold=a.eb_threshold))
+    util.run(lambda: main(a.target, util.int_list(a.block_size, "--block-size"), a.threshold,
+                          a.prompts, a.budget, strategy=a.strategy, eb_threshold=a.eb_threshold,
+                          data=a.data, chat=a.chat))

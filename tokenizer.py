@@ -46,12 +46,21 @@ def bytes_to_unicode() -> dict[int, str]:
 
 class Tokenizer:
     """Shared part. Subclasses define encode / decode, kind, the special ids, vocab_size,
-    `added` (added-token text -> id) and `_pieces` (id -> bytes, the whole vocabulary)."""
+    `added` (added-token text -> id) and `_pieces` (id -> bytes, the whole vocabulary), and
+    may set `chat_template` (Jinja source) and `special_tokens` (e.g. eos_token -> its text)."""
+    chat_template, special_tokens = None, {}
 
     def apply_chat_template(self, user_text: str) -> str:
-        """One user turn in ChatML, ending where the assistant's answer starts."""
+        """One user turn, ending where the assistant's answer starts: the checkpoint's own
+        template rendered as transformers renders it (messages, add_generation_prompt=True,
+        the special tokens), or, for a checkpoint without one, ChatML (SDAR's and Qwen's
+        format) as the fallback; `chat_template is None` tells the caller which."""
+        if self.chat_template is not None:
+            return render_chat_template(self.chat_template, [{"role": "user", "content": user_text}],
+                                        **self.special_tokens)
         if "<|im_start|>" not in self.added:
-            raise ValueError(f"{self.kind} tokenizer has no chat template (no <|im_start|> token)")
+            raise ValueError(f"{self.kind} tokenizer has no chat template (no chat_template, no "
+                             f"<|im_start|> token)")
         return f"<|im_start|>user\n{user_text}<|im_end|>\n<|im_start|>assistant\n"
 
     def vocab_hash(self) -> str:
@@ -122,6 +131,51 @@ class BPETokenizer(Tokenizer):
         return self._enc.decode([int(i) for i in ids])  # a cut character becomes U+FFFD
 
 
+def render_chat_template(source: str, messages, **special_tokens) -> str:
+    """A Jinja chat template rendered the way transformers' apply_chat_template does: a
+    sandbox, trim_blocks and lstrip_blocks, loop controls, its `raise_exception`, `tojson`
+    and `strftime_now` helpers, and add_generation_prompt=True. A template that does not
+    compile or render raises a one-line ValueError."""
+    import datetime
+    import json
+
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals.update(raise_exception=raise_exception,
+                       strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
+    try:
+        return env.from_string(source).render(messages=messages, tools=None, documents=None,
+                                              add_generation_prompt=True, **special_tokens)
+    except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError) as e:
+        raise ValueError(f"the chat_template does not render: {type(e).__name__}: {e}") from None
+
+
+def _chat_template(path: str, config: dict):
+    """The checkpoint's chat template: chat_template.jinja, else tokenizer_config.json's
+    `chat_template` (a string, or a list of named templates: the "default" one); None if none."""
+    file = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(file):
+        with open(file, encoding="utf-8") as f:
+            return f.read()
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}.get("default")
+    if template is not None and not isinstance(template, str):
+        raise ValueError(f"{os.path.join(path, 'tokenizer_config.json')}: chat_template must be text")
+    return template
+
+
 def _read_json(path: str, name: str):
     """The JSON object in path/name, or None when the file does not exist."""
     file = os.path.join(path, name)
@@ -181,7 +235,11 @@ def _load_bpe(path: str, eos_id=None, mask_id=None) -> BPETokenizer:
     eos_id = token_id("eos_token", "<|endoftext|>") if eos_id is None else eos_id
     mask_id = added.get(BPE_MASK_TOKEN) if mask_id is None else mask_id
     name = f"bpe-{os.path.basename(os.path.normpath(path))}"
-    return BPETokenizer(name, ranks, added, pattern, eos_id, mask_id, token_id("pad_token"))
+    tok = BPETokenizer(name, ranks, added, pattern, eos_id, mask_id, token_id("pad_token"))
+    tok.chat_template = _chat_template(path, config)
+    tok.special_tokens = {k: v.get("content") if isinstance(v, dict) else v for k, v in config.items()
+                          if k.endswith("_token") and isinstance(v, (str, dict))}   # bos_token, ...
+    return tok
 
 
 def load_tokenizer(path, eos_id: int | None = None, mask_id: int | None = None) -> Tokenizer:

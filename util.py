@@ -52,6 +52,31 @@ def read_json(path, kind=dict):
     return data
 
 
+def read_prompts(path, flag, fields=("question",), start=0, stop=None):
+    """Records [start:stop] of a JSONL file, each an object whose `fields` are non-empty text
+    (the first, the prompt) or, for "answer", anything: -> list of (line number, record).
+    Errors name the file, the line and the flag."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{flag} file {path} not found")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"{flag} file {path} is not UTF-8 text") from None
+    records = []
+    for k, line in list(enumerate(lines, 1))[start:stop]:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict) or not all(f in rec for f in fields) \
+                or not isinstance(rec[fields[0]], str) or not rec[fields[0]]:
+            raise ValueError(f"{path}:{k}: not a JSON object with {' and '.join(map(repr, fields))} "
+                             f"({fields[0]!r} non-empty text)")
+        records.append((k, rec))
+    return records
+
+
 def check_writable(path, flag, folder=False):
     """Fail now, not after a long run, when `path` (a file, or a folder if `folder`) cannot be
     written: of the right kind if it exists, in a directory we may write to (for a folder yet

@@ -117,3 +117,20 @@ def test_top_confidence_is_the_confidence_of_the_most_likely_token():
     logits[0, MASK] = 50.0                                           # the mask never counts as best
     expected = rule.confidence(logits, rule.probs(logits).argmax(-1))
     torch.testing.assert_close(rule.top_confidence(logits), expected)
+
+
+def test_decoding_ends_at_the_first_of_several_stop_ids_or_when_on_block_says_so(tiny_model):
+    model = tiny_model(vocab=97)
+    prompt = [5, 17, 40, 8, 61]
+    free, st = generate(model, prompt, 24, eos_id=-1)
+    assert st["stop"] == "max_new_tokens" and len(free) == 24
+    a, b = free[9], free[4]                                  # two ids it emits; b comes first
+    k = free.index(b)
+    out, st = generate(model, prompt, 24, eos_id=[a, b])
+    assert (out, st["stop"]) == (free[:k], "stop_id")
+    model.config.stop_ids = (a, b)                           # the checkpoint's list, by default
+    assert generate(model, prompt, 24)[0] == free[:k]
+    assert generate(model, prompt, k, eos_id=[a, b])[1]["stop"] == "max_new_tokens"
+    seen = []
+    out, st = generate(model, prompt, 24, eos_id=-1, on_block=lambda new: seen.append(new) or len(seen) == 2)
+    assert st["stop"] == "on_block" and out == seen[0] + seen[1] == free[:len(out)]

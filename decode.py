@@ -1,4 +1,4 @@
-"""Plain block-diffusion decoding: SDAR's block_diffusion_generate (design notes, section 2).
+"""Plain block-diffusion decoding: SDAR's block_diffusion_generate (docs/design.md, section 2).
 
 - `DecodeRule`: one denoising step, from a block's logits to its next state.
 - `Session`: a model's cursor over its static KV cache, with the commit forward optionally

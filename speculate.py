@@ -1,6 +1,6 @@
 """SimSD: speculative decoding of a block-diffusion LM with a small drafter dLLM.
 
-Design notes, section 3 (after the SimSD paper). Per round, on the current block:
+docs/design.md, section 3 (after the SimSD paper). Per round, on the current block:
   draft   the drafter runs its own decoding on the block's masked positions: each forward
           reveals its most confident position (and, with `draft_threshold`, every other one
           above it) until `gamma` tokens are drafted or its confidence falls below

@@ -1,6 +1,6 @@
 """Spiffy: lossless auto-speculative decoding of a block-diffusion LM with calibrated draft graphs.
 
-Design notes, section 4 (after the Spiffy paper). No drafter: the drafts are guesses of the
+docs/design.md, section 4 (after the Spiffy paper). No drafter: the drafts are guesses of the
 block's future states, built from the target's own last distribution.
   - A draft node is a set of extra reveals (i, j): "the position ranked i by top-1 confidence
     gets its j-th most likely token", all ranks read off the distribution the drafts are

@@ -1,4 +1,4 @@
-"""Train a small block-diffusion LM with the BD3-LM / SDAR objective (design notes, section 5).
+"""Train a small block-diffusion LM with the BD3-LM / SDAR objective (docs/design.md, section 5).
 
 Each batch holds random windows of L clean tokens x_0 from the corpus. A block size B is
 drawn per batch from {4, 8, 32}, so one checkpoint decodes at all three; in every block of B

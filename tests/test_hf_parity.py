@@ -1,7 +1,7 @@
 """Parity with HF transformers' Qwen3 (an independent implementation of the same network) and
 the loader's behaviour on HF-format checkpoints.
 
-SDAR is Qwen3 plus a block-causal mask (DESIGN.md section 1), so a random-weight
+SDAR is Qwen3 plus a block-causal mask (docs/design.md section 1), so a random-weight
 `transformers.Qwen3ForCausalLM`, saved with `save_pretrained` and relabelled as SDAR in its
 config.json, must give our logits when it is run with the same block-causal 4D mask and
 position ids. transformers is a test-only dependency: the HF tests skip without it.

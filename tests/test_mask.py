@@ -3,7 +3,7 @@
 For every mask factory, at sizes that line up neither with the decoding block nor with
 FlexAttention's 128-token tiles, and with q_len != kv_len (the queries are the last q_len keys):
 - `dense_mask` equals a brute-force double loop that restates the rule from the design notes
-  (DESIGN.md sections 1, 3, 4, 5) in plain Python: the real reference, independent of the
+  (docs/design.md sections 1, 3, 4, 5) in plain Python: the real reference, independent of the
   tensor code of the mask_mods;
 - `flex_attention` with `block_mask` equals `scaled_dot_product_attention` with `dense_mask`
   (fp32), and the BlockMask's tiles cover every visible key.
@@ -12,6 +12,7 @@ Every query row sees at least itself under all these rules, so no row is fully m
 Run: python -m pytest tests/test_mask.py -q
 """
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 import mask
+from mask import dense_mask
 
 SIZES = [97, 130, 191]          # query lengths: off the block grid and off the 128-token tiles
 
@@ -205,3 +207,32 @@ def test_simsd_known_data_and_undrafted_slots_are_seen_by_every_section_token():
     assert section[1, 4:].tolist() == [False, True, True, True]
     # the slot of step 2 sees the data of step 1 only, and the slots of steps >= 2
     assert section[5].tolist() == [True, True, False, False, False, True, True, True]
+
+
+def test_python_mask_py_draws_every_rule_as_its_dense_mask():
+    import subprocess
+    import sys
+    from mask import draw, examples
+    run = subprocess.run([sys.executable, "mask.py"], cwd=ROOT_DIR, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.count("\n\n") == len(examples())
+    for title, mod, q_len, kv_len, q_labels, kv_groups in examples():
+        assert title in run.stdout
+        grid = draw(mod, q_len, kv_len, q_labels, kv_groups).splitlines()[1:]
+        cells = [[c == "#" for c in line[-2 * kv_len::2]] for line in grid]   # a symbol, a separator
+        assert cells == dense_mask(mod, q_len, kv_len).tolist()
+
+
+def test_the_png_needs_matplotlib_and_a_writable_path(monkeypatch, tmp_path):
+    import subprocess
+    import sys
+    from mask import save_png
+    monkeypatch.setitem(sys.modules, "matplotlib", None)       # as if it were not installed
+    with pytest.raises(ValueError, match=r"--png needs matplotlib \(pip install matplotlib\)"):
+        save_png(tmp_path / "m.png")
+    run = subprocess.run([sys.executable, "mask.py", "--png", str(tmp_path / "no" / "m.png")], cwd=ROOT_DIR,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and run.stderr.startswith("error: --png") and run.stderr.count("\n") == 1
+    assert not (tmp_path / "no").exists()
+
+
+ROOT_DIR = Path(__file__).resolve().parents[1]

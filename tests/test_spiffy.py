@@ -1,4 +1,4 @@
-"""Tests for spiffy.py (Spiffy, DESIGN.md section 4) on tiny random "peaky" models, CPU.
+"""Tests for spiffy.py (Spiffy, docs/design.md section 4) on tiny random "peaky" models, CPU.
 
 - Lossless: Spiffy gives plain decoding's tokens (decode.generate), prompt for prompt, for the
   one-token-per-step rule and the threshold rule, at B = 4, 8, 32, fused and separate commit,

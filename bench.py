@@ -65,13 +65,18 @@ METHODS = ("sdar", "plain", "threshold", "simsd-gated", "simsd-lossless+threshol
 LOSSLESS = ("sdar", "simsd-lossless", "spiffy")   # exact in exact arithmetic: must equal plain
 
 
+SPECS = {"none": "plain", "simsd": "simsd-lossless+threshold", "spiffy": "spiffy"}   # sample.py's
+
+
 def parse_method(name):
-    """"simsd-gated+threshold" -> ("simsd-gated", True); "threshold" is plain's own name."""
+    """"simsd-gated+threshold" -> ("simsd-gated", True); "threshold" is plain's own name;
+    sample.py's --spec names (SPECS) stand for the method that spec runs."""
+    name = SPECS.get(name, name)
     base, threshold = name.removesuffix("+threshold"), name.endswith("+threshold")
     base, threshold = ("plain", True) if base == "threshold" else (base, threshold)
     if base not in BASES or (threshold and base == "sdar"):
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(BASES)} and threshold, "
-                         f"each but sdar with +threshold")
+                         f"each but sdar with +threshold, or sample.py's {', '.join(SPECS)}")
     return base, threshold
 
 
@@ -260,6 +265,7 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
         sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile)
         return 0
     simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop)
+    methods = [SPECS.get(m, m) for m in methods]     # rows under the names of what they run
     check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, drafter, sweep,
                ablate, draft_budget, out, simsd_kw)
     drafter, draft_budget = drafter or DEFAULT_DRAFTER, draft_budget or 8
@@ -363,7 +369,10 @@ def parse_args(argv=None):
     ap.add_argument("--target", default=str(DEFAULT_TARGET))
     ap.add_argument("--drafter", default=None, help=f"simsd's drafter (default {DEFAULT_DRAFTER})")
     ap.add_argument("--block-size", default="4", help="comma-separated list, e.g. 4,32")
-    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated: "
+                    f"{', '.join(BASES)}, threshold, any of these but sdar with +threshold, or "
+                    f"sample.py's --spec names ({', '.join(f'{k} = {v}' for k, v in SPECS.items())}); "
+                    f"default {','.join(METHODS)}")
     ap.add_argument("--prompts", type=int, default=100)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

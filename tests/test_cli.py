@@ -103,6 +103,18 @@ def test_bench_quick_reports_every_method(capsys):
     by = {r["method"]: r for r in rec["results"]}
     assert by["simsd-gated"]["draft_fwd_per_token"] > 0 and by["plain"]["draft_fwd_per_token"] == 0
     assert by["spiffy"]["same_fraction"] == by["simsd-lossless+threshold"]["same_fraction"] == 1
+    assert all(r["stops"].get("stop_id", 0) + r["stops"].get("max_new_tokens", 0) == rec["prompts"]
+               for r in rec["results"])
+
+
+def test_bench_takes_sample_py_s_spec_names(capsys):
+    """--methods none,simsd,spiffy: the rows of the methods those specs run, same counts."""
+    bench.main(**bench.parse_args(["--prompts", "1", "--max-new-tokens", "8", "--methods",
+                                   "none,simsd,spiffy"]))
+    rec = last_json(capsys.readouterr().out)
+    assert [r["method"] for r in rec["results"]][:3] == ["plain", "simsd-lossless+threshold", "spiffy"]
+    with pytest.raises(ValueError, match="listed twice"):
+        bench.main(methods=("none", "plain"))
 
 
 def test_bench_exits_nonzero_when_a_lossless_method_differs(monkeypatch, capsys):

@@ -1,0 +1,227 @@
+"""An lm-evaluation-harness model, `sdar-spec`: lm-eval's generation tasks (gsm8k, ...) decoded
+by this project's decoders (plain block-diffusion decoding, SimSD or Spiffy).
+
+    pip install lm-eval
+    python harness.py --model sdar-spec --model_args spec=simsd,device=cpu --tasks gsm8k --limit 8
+    python harness.py --model sdar-spec --model_args target=~/SDAR-8B-Chat,drafter=~/SDAR-1.7B-Chat,\\
+        spec=simsd,chat=True,device=cuda,dtype=bfloat16 --tasks gsm8k
+
+`python harness.py ARGS` is lm-eval's own command line (`lm_eval ARGS`, every flag) with this
+model registered: lm-eval knows only the model classes imported before it runs, so a plain
+`lm_eval --model sdar-spec` cannot find it. From Python: `import harness`, then
+`lm_eval.simple_evaluate(model="sdar-spec", model_args=...)`.
+
+model_args are sample.py's flags with underscores, checked as sample.py checks them: target,
+drafter, spec, block_size, threshold, strategy, temperature, top_k, top_p, eb_threshold,
+gamma, verify, accept, gate, draft_threshold, draft_stop, graph, draft_budget, stop_ids
+([2,5]), seed, device (over lm-eval's --device), dtype, compile, chat (the whole prompt as one
+user turn); max_new_tokens (256) for a request without max_gen_toks. A request's `until`
+strings end decoding after the block they appear in, and cut its text before the first one;
+its do_sample / temperature / top_k / top_p replace the model's (do_sample=False: greedy;
+do_sample=True with no temperature above 0: 1.0, transformers' default). Requests decode one
+at a time (batch size 1), each from `seed`. Generation only: loglikelihood requests
+(multiple-choice tasks, perplexity) and lm-eval's --apply_chat_template are refused.
+"""
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import sample
+import util
+from decode import generate
+from speculate import simsd_generate
+from spiffy import graph_path, load_graph, spiffy_generate
+from tokenizer import check_same_tokenizer
+
+NEEDS_LM_EVAL = "harness.py needs the lm-evaluation-harness: pip install lm-eval"
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import simple_parse_args_string
+except ImportError:
+    if __name__ == "__main__":
+        sys.exit(f"error: {NEEDS_LM_EVAL}")
+    raise ImportError(NEEDS_LM_EVAL) from None
+
+GENERATION_ONLY = ("sdar-spec is generation-only (generate_until tasks such as gsm8k): it scores no "
+                   "loglikelihoods")
+NO_CHAT_HISTORY = ("sdar-spec renders no chat history: instead of --apply_chat_template, give model_args "
+                   "chat=True (the whole prompt as one user turn)")
+SETTINGS = dict(  # model_arg -> (type, default); None as in sample.py: that method's default
+    target=(Path, sample.DEFAULT_TARGET), drafter=(Path, None), spec=(str, "simsd"),
+    block_size=(int, None), threshold=(float, None), strategy=(str, None), temperature=(float, 0.0),
+    top_k=(int, None), top_p=(float, None), eb_threshold=(float, 0.35), gamma=(int, None),
+    verify=(str, None), accept=(str, None), gate=(float, None), draft_threshold=(float, None),
+    draft_stop=(float, None), graph=(Path, None), draft_budget=(int, None), stop_ids=(tuple, None),
+    seed=(int, 0), device=(str, None), dtype=(str, None), compile=(str, None), chat=(bool, False),
+    max_new_tokens=(int, 256))
+GEN_KWARGS = dict(until=None, max_gen_toks=int, do_sample=bool, temperature=float, top_k=int, top_p=float)
+DTYPES = ("float32", "bfloat16", "float16")   # sample.py's --dtype choices
+KINDS = {int: "an integer", float: "a number", bool: "True or False", tuple: "integers like [2,5]"}
+
+
+def convert(where, name, value, kind):
+    """One setting as `kind`. lm-eval passes each as a string or already parsed ("4" -> 4,
+    "True" -> True, "[2,5]" -> a list); anything else is a one-line ValueError."""
+    text = str(value).strip()
+    if value is None or text == "None":
+        return None
+    if kind is str:
+        return text
+    if kind is Path:
+        return Path(text).expanduser()
+    if kind is bool and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        if kind is tuple:
+            return util.int_list(text.strip("[]()").replace(" ", ""), name)
+        if kind in (int, float) and not isinstance(value, bool):
+            number = float(text)
+            if kind is float or number.is_integer():
+                return int(number) if kind is int else number
+    except ValueError:
+        pass
+    raise ValueError(f"{where} {name}={value!r}: expected {KINDS[kind]}")
+
+
+@register_model("sdar-spec")
+class SDARSpec(LM):
+    """lm-eval's generation requests, decoded one at a time by the method `spec` chooses."""
+
+    def __init__(self, batch_size=1, max_batch_size=None, **model_args):
+        super().__init__()
+        if str(batch_size) != "1" or max_batch_size is not None:
+            raise ValueError(f"batch size {batch_size}: sdar-spec decodes one request at a time (use 1)")
+        unknown = sorted(set(model_args) - set(SETTINGS))
+        if unknown:
+            raise ValueError(f"unknown model_args {', '.join(unknown)}; choose from {', '.join(SETTINGS)}")
+        if "spec" in model_args and model_args["spec"] is None:   # lm-eval reads spec=none as None
+            model_args["spec"] = "none"
+        if str(model_args.get("compile")).lower() in ("true", "false"):   # compile=True: "auto"
+            model_args["compile"] = "auto" if str(model_args["compile"]).lower() == "true" else None
+        a = {k: convert("model_args", k, model_args.get(k, default), kind)
+             for k, (kind, default) in SETTINGS.items()}
+        a["device"] = a["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
+        for name, allowed in (("dtype", DTYPES), ("compile", sample.COMPILE_MODES)):
+            if a[name] not in (None, *allowed):
+                raise ValueError(f"model_args {name}={a[name]!r}: choose from {', '.join(allowed)}")
+        simsd = dict(gamma=a["gamma"], verifier=a["verify"], acceptance=a["accept"], gate=a["gate"],
+                     draft_threshold=a["draft_threshold"], draft_stop=a["draft_stop"])
+        sample.check_args(a["spec"], a["block_size"], a["threshold"], a["temperature"], a["top_k"],
+                          a["top_p"], a["max_new_tokens"], a["device"], a["drafter"], a["graph"],
+                          a["draft_budget"], a["eb_threshold"], **simsd)
+        self._device, self.chat, self.seed = a["device"], a["chat"], a["seed"]
+        self.max_new_tokens = a["max_new_tokens"]
+        dtype = getattr(torch, a["dtype"]) if a["dtype"] else None
+        self.model, self.tok = sample.load(a["target"], a["device"], dtype, a["stop_ids"])
+        threshold = a["threshold"]
+        if a["spec"] == "simsd" and threshold is None and a["strategy"] is None:
+            threshold = sample.SIMSD_THRESHOLD   # as sample.py: SimSD's default rule
+        self.rule = sample.make_rule(self.model, a["block_size"], threshold, a["temperature"], a["top_k"],
+                                     a["top_p"], None, a["strategy"], a["eb_threshold"])
+        sample.check_block_size(self.model, self.rule.block_size, "target")
+        if self.chat:   # a tokenizer with no chat format fails now, not at the first request
+            self.tok.apply_chat_template("")
+            if self.tok.chat_template is None:
+                print(f"note: {a['target']} has no chat_template; the prompts are in ChatML",
+                      file=sys.stderr)
+        self.decode = self.decoder(a, {k: v for k, v in simsd.items() if v is not None}, dtype)
+
+    def decoder(self, a, simsd, dtype):
+        """The chosen method as one call (ids, max_new_tokens, **kw) -> (new ids, stats), with
+        its drafter or graph loaded and checked now, as sample.py does, not at the first request."""
+        model, models = self.model, [self.model]
+        if a["spec"] == "none":
+            decode = lambda ids, n, **kw: generate(model, ids, n, **kw)   # noqa: E731
+        elif a["spec"] == "simsd":
+            drafter, draft_tok = sample.load(a["drafter"] or sample.DEFAULT_DRAFTER, a["device"], dtype)
+            check_same_tokenizer(draft_tok, self.tok)
+            sample.check_block_size(drafter, self.rule.block_size, "drafter")
+            if (drafter.config.vocab_size, drafter.config.mask_token_id) != \
+                    (model.config.vocab_size, model.config.mask_token_id):
+                raise ValueError("drafter and target differ in vocabulary size or mask token id")
+            models.append(drafter)
+            decode = lambda ids, n, **kw: simsd_generate(model, drafter, ids, n, **simsd, **kw)  # noqa: E731
+        else:
+            g = load_graph(a["graph"] or graph_path(a["target"], self.rule), self.rule)
+            decode = lambda ids, n, **kw: spiffy_generate(model, ids, n, graph=g,  # noqa: E731
+                                                          draft_budget=a["draft_budget"] or 8, **kw)
+        for m in models if a["compile"] else ():
+            sample.compile_model(m, a["compile"])
+        return decode
+
+    def generate_until(self, requests, disable_tqdm=False):
+        """Every request in order, one at a time (the decoders decode one sequence), with a
+        progress bar; each answer also goes to lm-eval's --use_cache database."""
+        outputs = []
+        for request in tqdm(requests, desc="sdar-spec", disable=disable_tqdm):
+            context, gen_kwargs = request.args
+            outputs.append(self.complete(context, dict(gen_kwargs or {})))
+            self.cache_hook.add_partial("generate_until", request.args, outputs[-1])
+        return outputs
+
+    def complete(self, context, gen_kwargs):
+        """One request's continuation, cut before its first `until` string. Decoding stops at
+        the end of the block where one appears (checked on the text: a string may span tokens)."""
+        unknown = sorted(set(gen_kwargs) - set(GEN_KWARGS))
+        if unknown:
+            raise ValueError(f"gen_kwargs {', '.join(unknown)}: not supported (only "
+                             f"{', '.join(GEN_KWARGS)})")
+        g = {k: convert("gen_kwargs", k, v, GEN_KWARGS[k]) for k, v in gen_kwargs.items() if k != "until"}
+        until = gen_kwargs.get("until") or []
+        until = [until] if isinstance(until, str) else [u for u in until if u]
+        t = 0.0 if g.get("do_sample") is False else g.get("temperature", self.rule.temperature)
+        t = t or (1.0 if g.get("do_sample") else 0.0)   # sampling at temperature 0: transformers' 1.0
+        rule = dataclasses.replace(self.rule, temperature=t, top_k=g.get("top_k", self.rule.top_k),
+                                   top_p=g.get("top_p", self.rule.top_p))
+        n = g.get("max_gen_toks", self.max_new_tokens)
+        ids = self.tok.encode(self.tok.apply_chat_template(context) if self.chat else context)
+        so_far = []
+
+        def on_block(new):
+            so_far.extend(new)
+            return any(u in self.tok.decode(so_far) for u in until)
+
+        gen = torch.Generator(device=self._device).manual_seed(self.seed)
+        out, _ = self.decode(ids, n, rule=rule, generator=gen, on_block=on_block if until else None)
+        text = self.tok.decode(out)
+        return text[:min((text.find(u) for u in until if u in text), default=len(text))]
+
+    def loglikelihood(self, requests, disable_tqdm=False):
+        raise NotImplementedError(GENERATION_ONLY)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        raise NotImplementedError(GENERATION_ONLY)
+
+    def apply_chat_template(self, chat_history, add_generation_prompt=True):
+        raise NotImplementedError(NO_CHAT_HISTORY)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict, additional_config=None):
+        """model_args win over lm-eval's own --device and --batch_size, which its command line
+        always passes (device cuda:0 unless told otherwise)."""
+        given = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**given, **arg_dict})
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string, additional_config=None):
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+
+def main():
+    """lm-eval's command line with sdar-spec registered; bad input, a generation-only refusal
+    included, is one line."""
+    from lm_eval.__main__ import cli_evaluate
+    try:
+        cli_evaluate()
+    except NotImplementedError as e:
+        if str(e) not in (GENERATION_ONLY, NO_CHAT_HISTORY):
+            raise
+        raise ValueError(str(e)) from None
+
+
+if __name__ == "__main__":
+    util.run(main)

@@ -174,6 +174,9 @@ PRESETS = {
                     intermediate_size=12288, tie_embeddings=False),
     "tiny": dict(vocab_size=97, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16,
                  intermediate_size=128, mask_token_id=3, eos_token_id=2, max_seq_len=1024),
+    # SDAR's vocabulary on a tiny trunk: the head is most of a forward (sol.py)
+    "qwen-vocab-2l": dict(SDAR, n_layer=2, n_embd=256, n_head=4, n_kv_head=2, head_dim=64,
+                          intermediate_size=768, tie_embeddings=True),
 }
 
 

@@ -8,12 +8,18 @@ config.json) runs
     again with 8 x cache_len rows allocated: static shapes attend to every allocated row),
     timed as the median of `iters` after warm-up, next to the floor from the bandwidth
     measured here (a large device-to-device copy);
+  - each decoder's forward at B = 4 as it runs it, logits at the masked positions only:
+    plain decoding's at each step of a block, Spiffy's verification (the block and D* = 8
+    guesses), SimSD's (the block and 3 drafted states); alone, and with the rule or the walk
+    through the copies (Spiffy's with the ranks its next guesses are built from), next to
+    plain decoding's first forward of a block;
   - the plain decode loop (`generate`, one token per step, B = 4) after a `cache_len` prompt,
-    next to what its forwards alone cost (prefill + NFE x the B = 4 forward): the difference
-    is per-step overhead (host syncs, mask building, Python).
+    next to what its forwards alone cost (prefill + NFE x plain's forwards above, on
+    average): the difference is per-step overhead (host syncs, mask building, Python).
 
     python bench.py --speed-of-light models/target                # CPU, the embedded target
     python bench.py --speed-of-light sdar-8b --device cuda --dtype bfloat16 --compile
+    python bench.py --speed-of-light qwen-vocab-2l     # where the head is most of a forward
 """
 import json
 import statistics
@@ -23,9 +29,11 @@ from pathlib import Path
 import torch
 
 import mask as masks
-from decode import DecodeRule, Session, generate
+from decode import DecodeRule, Session, generate, packed_rows
 from model import PRESETS, ModelConfig, Transformer
 from sample import compile_model
+from spiffy import ranks
+from verify import verify_copies, walk
 
 
 def timer(device):
@@ -66,6 +74,63 @@ def make(spec, device, dtype):
         return Transformer(config).to(dtype).eval()
 
 
+def verification_copies(B, mask_id, device):
+    """[(decoder, the block states its forward carries)] (token ids 4, 5, ...: values change
+    no timing): plain's block at each step of a one-token-a-step rule (B, B - 1, ..., 1
+    masks); Spiffy's block with one token known and D* = 8 guesses of one more reveal each;
+    SimSD's fresh block and 3 drafted states, one reveal each."""
+    plain = [torch.tensor([[4] * k + [mask_id] * (B - k)], device=device) for k in range(B)]
+    spiffy = torch.full((9, B), mask_id, device=device)
+    spiffy[:, 0] = 4
+    for i in range(1, 9):
+        spiffy[i, 1 + (i - 1) % (B - 1)] = 4 + i
+    simsd = torch.full((4, B), mask_id, device=device)
+    for k in range(1, 4):
+        simsd[k:, k - 1] = 4 + k
+    return [("plain", c) for c in plain] + [("spiffy", spiffy), ("simsd", simsd)]
+
+
+def verification_round(model, name, copies, cache, rule):
+    """-> (forward, round) of one decoder on its copies after `cache` committed rows: the
+    forward (logits at the masked positions only) and, after it, plain's rule or the walk
+    (Spiffy's with the ranks its next guesses are built from, top 4 tokens), with its sync."""
+    mask_id, B = rule.mask_id, rule.block_size
+    counts = (copies == mask_id).sum(-1).tolist()
+    sess = Session(model, B, cache + len(copies) * B)
+    sess.committed = cache
+    pos = torch.arange(cache, cache + B, device=copies.device)
+    if name == "plain":
+        def forward():
+            return sess.forward(copies[0], pos, lambda c, n: masks.block_causal(B, c), keep=B,
+                                rows=packed_rows(copies, mask_id, counts[0]))
+        return forward, lambda: rule(forward(), copies[0], 0).tolist()
+    extra = (lambda lg, cp, st: ranks(lg, st, rule, 4, cp)) if name == "spiffy" else (lambda *a: ())
+    forward = lambda: verify_copies(sess, copies, pos, counts, mask_id)
+    return forward, lambda: walk(forward(), copies, counts, 1, rule, extra=extra)
+
+
+def time_verification(model, time_it, cache, iters, B=4):
+    """Each decoder's forward and round (verification_round) at B = 4, timed interleaved (the
+    median of `iters` each), so that a noisy moment hits them alike; against plain's first
+    forward of a block (every position masked)."""
+    rule, rows, fns = DecodeRule(model.config.mask_token_id, B), [], []
+    for name, copies in verification_copies(B, rule.mask_id, model.embed.weight.device):
+        fns.append(verification_round(model, name, copies, cache, rule))
+        time_it(fns[-1][1], 3)                                  # warm-up (and compile)
+        rows.append(dict(decoder=name, copies=len(copies), queries=copies.numel(),
+                         logit_rows=int((copies == rule.mask_id).sum())))
+    times = [([], []) for _ in fns]
+    for _ in range(iters):
+        for (forward, round_), (t_forward, t_round) in zip(fns, times):
+            t_forward.append(time_it(forward, 1))
+            t_round.append(time_it(round_, 1))
+    for r, (t_forward, t_round) in zip(rows, times):
+        r.update(forward_ms=1e3 * statistics.median(t_forward), round_ms=1e3 * statistics.median(t_round))
+        r.update(x_plain=r["forward_ms"] / rows[0]["forward_ms"],
+                 round_x_plain=r["round_ms"] / rows[0]["round_ms"])
+    return rows
+
+
 @torch.no_grad()
 def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache_len=1024,
                    block_sizes=(4, 8, 32), iters=20, new_tokens=64):
@@ -76,7 +141,6 @@ def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache
         compile_model(model, compile)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bw, time_it, rows = bandwidth(device), timer(device), []
-    forward = {}
 
     def time_forward(B, cache, allocate=0):   # a decode forward as the decoders run it (Session)
         model.setup_cache(allocate)
@@ -86,27 +150,32 @@ def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache
         pos = torch.arange(cache, cache + B, device=device)
         step = lambda: sess.forward(idx, pos, lambda c, n: masks.block_causal(B, c), keep=B)
         time_it(step, 3)                                        # warm-up (and compile)
-        forward[B, cache] = t = time_it(step, iters)
+        t = time_it(step, iters)
         rows.append(dict(block_size=B, cache_len=cache, cache_rows=model.layers[0].attn.cache.k.shape[2],
                          forward_ms=1e3 * t,
                          floor_ms=1e3 * weight_bytes / bw, x_floor=t * bw / weight_bytes))
     for B in block_sizes:
         time_forward(B, cache_len)
+    verification = time_verification(model, time_it, cache_len, iters)
     prompt = torch.randint(4, model.config.vocab_size, (cache_len,), device=device)
+    prompt[prompt == model.config.mask_token_id] = 4    # (SDAR's mask id lies among the drawn)
     prefill = time_it(lambda: model(prompt[None], keep=1), 3)
     rule = DecodeRule(model.config.mask_token_id, 4)
     generate(model, prompt, 8, rule, eos_id=-1)                 # warm-up
     nfe = generate(model, prompt, new_tokens, rule, eos_id=-1)[1]["nfe"]
     loop = time_it(lambda: generate(model, prompt, new_tokens, rule, eos_id=-1), 3)
-    forwards = prefill + (nfe - 1) * forward[4, cache_len]
+    # its forwards: a block's steps compute logits at 4, 3, 2 and 1 masked positions
+    forwards = prefill + (nfe - 1) * statistics.mean(r["forward_ms"] / 1e3 for r in verification
+                                                     if r["decoder"] == "plain")
     # the same forward with 8x the cache rows allocated (after the loop, which would use them):
     # static shapes attend to every allocated row, dynamic ones to the rows written
     time_forward(block_sizes[0], cache_len, allocate=8 * cache_len)
     result = dict(model=spec, device=str(device), dtype=str(dtype).removeprefix("torch."),
                   compile=compile, torch=torch.__version__, params=sum(p.numel() for p in model.parameters()),
                   weight_gb=weight_bytes / 1e9, bandwidth_gb_s=bw / 1e9, cache_len=cache_len,
-                  forwards=rows, loop=dict(new_tokens=new_tokens, nfe=nfe, loop_s=loop,
-                                           forwards_s=forwards, x_forwards=loop / forwards),
+                  forwards=rows, verification=verification,
+                  loop=dict(new_tokens=new_tokens, nfe=nfe, loop_s=loop, forwards_s=forwards,
+                            x_forwards=loop / forwards),
                   date=time.strftime("%Y-%m-%d"))
     print(f"{spec}: {result['params'] / 1e6:.1f}M parameters, {result['weight_gb']:.3f} GB of "
           f"weights, measured bandwidth {result['bandwidth_gb_s']:.0f} GB/s, cache {cache_len}")
@@ -114,6 +183,11 @@ def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache
         print(f"  decode forward B={r['block_size']:>2}, cache {r['cache_len']} of {r['cache_rows']:>5} rows: "
               f"{r['forward_ms']:8.3f} ms, floor "
               f"{r['floor_ms']:8.3f} ms ({r['x_floor']:.2f}x the floor)")
+    for r in verification:
+        print(f"  {r['decoder']:>6} forward, B=4, {r['copies']} block(s), logits at {r['logit_rows']:>2} "
+              f"of {r['queries']:>2} rows: {r['forward_ms']:8.3f} ms ({r['x_plain']:.2f}x plain's), "
+              f"with its {'rule' if r['decoder'] == 'plain' else 'walk'} {r['round_ms']:8.3f} ms "
+              f"({r['round_x_plain']:.2f}x)")
     print(f"  decode loop (B=4, {new_tokens} tokens, {nfe} forwards): {loop:.3f} s, its forwards "
           f"alone {forwards:.3f} s ({loop / forwards:.2f}x: the rest is per-step overhead)")
     print(json.dumps(result))

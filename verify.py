@@ -5,6 +5,8 @@ copies of guessed states, then plain decoding's rule walked through them.
   own positions, attending to the cache and to itself only (mask.spiffy_copies). Attention is
   block-causal, so a block never sees anything after it: each copy's logits are exactly the
   target's in that state, at any depth.
+- The logits are packed: the head runs at the copies' masked positions only, all that the rule
+  reads (with a large vocabulary the head is most of a small model's forward).
 - walk: apply the decoding rule to X_t's logits; while the new state is one of the verified
   copies, continue from that copy's logits. Every transition is plain decoding's, on exact
   logits, with the random draws in plain decoding's order: the output is plain decoding's.
@@ -16,41 +18,44 @@ Spiffy's copies come from its draft graph (spiffy.py), SimSD's from the drafter 
 import torch
 
 import mask as masks
-from decode import to_host
+from decode import packed_rows, to_host
 
 
-def verify_copies(sess, copies, pos):
-    """copies: (n, B) block states, copies[0] the current block; pos: (B,) its positions.
-    -> (n, B, V) logits, copy by copy."""
+def verify_copies(sess, copies, pos, counts, mask_id):
+    """copies: (n, B) block states, copies[0] the current block; pos: (B,) its positions;
+    counts: each copy's number of masked positions (host ints). -> (sum(counts), V) logits
+    at the masked positions only, copy by copy, in order (packed: decode.packed_rows)."""
     n, B = copies.shape
-    logits = sess.forward(copies.flatten(), pos.repeat(n),
-                          lambda c, k: masks.spiffy_copies(c, k, B), keep=n * B)
-    return logits.view(n, B, -1)
+    return sess.forward(copies.flatten(), pos.repeat(n), lambda c, k: masks.spiffy_copies(c, k, B),
+                        keep=n * B, rows=packed_rows(copies, mask_id, sum(counts)))
 
 
-def walk(logits, copies, step, rule, generator=None, extra=lambda logits, states: ()):
-    """Plain decoding through verified states. logits: (n, B, V) from verify_copies; step: the
-    rule's step index at copies[0]. -> (path, host): the transitions taken, [(logits stepped
-    from, new state)], at least one, the last new state where the round ends; and, as lists,
-    that state and extra(its logits, it) (extra: (m, B, V), (m, B) -> tensors of m rows).
+def walk(logits, copies, counts, step, rule, generator=None, extra=lambda logits, copies, states: ()):
+    """Plain decoding through verified states. logits, counts: verify_copies' (packed); step:
+    the rule's step index at copies[0]. -> (path, host): the transitions taken, [(logits
+    stepped from (that copy's, packed), new state)], at least one, the last new state where
+    the round ends; and, as lists, that state and its rows of extra(logits, copies, new
+    states) (extra: the packed logits of (m, B) copies and the (m, B) states they step to ->
+    tensors of m rows).
     A stateless rule steps every copy in one batched call and the path is found on the host:
     ONE host sync. Any other rule draws in plain decoding's order, one step at a time: a
     host sync a step."""
+    each = logits.split(counts)                                             # copy i's: (counts[i], V)
     if rule.stateless:
         new = rule(logits, copies, step)                                    # (n, B)
         hit = same_state(copies[None, 1:], new[:, None]) & (new == rule.mask_id).any(-1, keepdim=True)
-        nxt, new_h, *extra_h = to_host(first_true(hit), new, *extra(logits, new))   # host sync
+        nxt, new_h, *extra_h = to_host(first_true(hit), new, *extra(logits, copies, new))   # host sync
         path = [0]                              # copy i's next state is copy nxt[i] + 1, if any
         while nxt[path[-1]] < len(copies) - 1:
             path.append(nxt[path[-1]] + 1)
         last = path[-1]
-        return [(logits[i], new[i]) for i in path], [new_h[last]] + [e[last] for e in extra_h]
+        return [(each[i], new[i]) for i in path], [new_h[last]] + [e[last] for e in extra_h]
     path, i = [], 0
     while True:
-        new = rule(logits[i], copies[i], step + len(path), generator)
-        path.append((logits[i], new))
-        hit = same_state(copies[1:], new) & (new == rule.mask_id).any()    # (n - 1,)
-        j, *host = to_host(first_true(hit), new[None], *extra(logits[i][None], new[None]))  # sync
+        new = rule(each[i], copies[i], step + len(path), generator)
+        path.append((each[i], new))
+        hit = same_state(copies[1:], new) & (new == rule.mask_id).any()    # (n - 1,); sync below
+        j, *host = to_host(first_true(hit), new[None], *extra(each[i], copies[i][None], new[None]))
         if j == len(hit):
             return path, [h[0] for h in host]
         i = j + 1

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from decode import DecodeRule, generate
+from decode import STRATEGIES, DecodeRule, generate
 from model import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,3 +134,26 @@ def test_decoding_ends_at_the_first_of_several_stop_ids_or_when_on_block_says_so
     seen = []
     out, st = generate(model, prompt, 24, eos_id=-1, on_block=lambda new: seen.append(new) or len(seen) == 2)
     assert st["stop"] == "on_block" and out == seen[0] + seen[1] == free[:len(out)]
+
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampling"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_packed_logits_step_as_every_positions_logits_do(strategy, temperature):
+    """The decoders compute logits at the masked positions only (packed, in order): from
+    them the rule takes the step it takes from every position's logits, a sampled one with
+    the same draws for the same seed; a batch of blocks too (one (M, V) for them all)."""
+    B, V, n = 8, 50, 3
+    rule = DecodeRule(MASK, B, strategy=strategy, temperature=temperature, steps=4, eb_threshold=2.0)
+    g = torch.Generator().manual_seed(0)
+    for seed in range(10):
+        logits = torch.randn(n, B, V, generator=g) * 3
+        known = torch.rand(n, B, generator=g) < 0.5
+        known[:, seed % B] = False                                  # at least one masked
+        states = torch.where(known, torch.randint(4, V, (n, B), generator=g), MASK)
+        for b in range(n):
+            full = rule(logits[b], states[b], 1, torch.Generator().manual_seed(seed))
+            packed = rule(logits[b][states[b] == MASK], states[b], 1, torch.Generator().manual_seed(seed))
+            assert torch.equal(packed, full) and (full != states[b]).any()
+        if rule.stateless:
+            assert torch.equal(rule(logits[states == MASK], states, 1), rule(logits, states, 1))

@@ -1,4 +1,4 @@
-"""Tests for speculate.py (SimSD, DESIGN.md section 3) on tiny random "peaky" models, CPU.
+"""Tests for speculate.py (SimSD, docs/design.md section 3) on tiny random "peaky" models, CPU.
 
 - verify: for a one-layer target every mask slot's logits equal plain decoding's at that
   position and step (a cache-free reference built here), for random step maps with known and
@@ -513,9 +513,10 @@ def test_gated_acceptance_takes_sure_drafts_then_the_targets_own_step():
     logits = torch.stack([torch.stack([row(7, 0.5), row(4, 0.99), row(6, 0.95), row(5, 0.5)]),
                           torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)]),
                           torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)])])
-    new, accepted, steps, why = speculate.accept_exact(logits, copies, d, 0, rule, gate=0.9)
+    packed, counts = logits[copies == MASK_ID], (copies == MASK_ID).sum(-1).tolist()  # as verified
+    new, accepted, steps, why = speculate.accept_exact(packed, copies, counts, d, 0, rule, gate=0.9)
     assert (accepted, steps, why) == (1, 2, "target unsure") and new.tolist() == [MASK_ID, MASK_ID, 6, 5]
-    new, accepted, steps, why = speculate.accept_exact(logits, copies, d, 0, rule, gate=None)
+    new, accepted, steps, why = speculate.accept_exact(packed, copies, counts, d, 0, rule, gate=None)
     assert (accepted, steps) == (2, 3) and new.tolist() == [7, MASK_ID, 6, 5]
 
 
@@ -531,8 +532,9 @@ class FixedLogits(torch.nn.Module):
     def setup_cache(self, max_len, batch=1):
         pass
 
-    def forward(self, idx, pos, start=None, mask=None, keep=None):
-        return self.table[pos.view(-1)[idx.shape[1] - keep:] % len(self.table)][None]
+    def forward(self, idx, pos, start=None, mask=None, keep=None, rows=None):
+        kept = pos.view(-1)[idx.shape[1] - keep:]
+        return self.table[(kept if rows is None else kept[rows]) % len(self.table)][None]
 
 
 def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
@@ -551,8 +553,9 @@ def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
     for _ in range(6000):
         d = speculate.draft(dsess, block, pos, rule, 2, generator=g)
         copies = d.states(block)
-        new, accepted, _, _ = speculate.accept_exact(speculate.verify_copies(tsess, copies, pos),
-                                                     copies, d, 0, rule, None, g)
+        counts = (copies == mask_id).sum(-1).tolist()
+        logits = speculate.verify_copies(tsess, copies, pos, counts, mask_id)
+        new, accepted, _, _ = speculate.accept_exact(logits, copies, counts, d, 0, rule, None, g)
         first.append(int(new[0])), drafted.append(int(d.tokens[0]))
         if new[1] != mask_id:                          # position 1 was decided this round too
             second.append(int(new[1]))

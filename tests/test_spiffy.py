@@ -147,6 +147,20 @@ def test_sampling_spiffy_equals_plain_decoding_with_the_same_seed(B, rule_name):
     assert outs != greedy, "sampling never left the greedy path: the test would be vacuous"
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampling"])
+def test_spiffy_equals_plain_decoding_on_a_larger_vocabulary(temperature):
+    """SDAR's layout (the mask id at the end of the vocabulary) on 2048 ids, 20x the tiny
+    preset's: the packed logits, the rule and the bounded top-k ranks still give plain
+    decoding's tokens."""
+    B, vocab = 4, 2048
+    model = make_model(vocab=vocab, block_size=B, mask_token_id=vocab - 1)
+    rule = DecodeRule(vocab - 1, B, temperature=temperature, top_k=8 if temperature else None)
+    graph = calibrate(model, [tokens(L, seed=70 + L, vocab=vocab - 1) for L in (5, 6, 8)], rule, 24)
+    cases = [tokens(L, seed=L, vocab=vocab - 1) for L in (3, 4, 9, 6)]
+    stats = assert_lossless(spiffy_with(graph), model, rule, cases, 24, seed=3 if temperature else None)
+    assert sum(s["nfe"] for _, s in stats) < sum(r["nfe"] for r, _ in stats)
+
+
 @pytest.mark.parametrize("fuse_commit", [True, False], ids=["fused", "separate"])
 @pytest.mark.parametrize("graph", ["none", "no-nodes"])
 def test_spiffy_without_drafts_is_plain_decoding_at_the_same_cost(graph, fuse_commit):
@@ -358,6 +372,35 @@ def test_build_drafts_reads_ranks_off_the_last_distribution():
         expected.append(e)
     assert sorted(map(sorted, (reveals(d, state).items() for d in drafts))) == \
         sorted(map(sorted, (e.items() for e in expected)))
+
+
+@pytest.mark.parametrize("rule_kw", [dict(), dict(temperature=0.8, top_p=0.9)], ids=["greedy", "top-p"])
+def test_bounded_ranks_are_the_full_sorts_first_k(rule_kw):
+    """A round reads each position's k most likely tokens (k: the graph's largest token rank
+    + 1) off a top-k, calibration off the full sort: the same positions by rank and the same
+    first k probabilities and tokens (of those that can be drawn: cut ones tie at 0); and the
+    same from logits packed at the masked positions of the states stepped from."""
+    B, V = 8, 4096
+    rule = DecodeRule(MASK_ID, B, **rule_kw)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, B, V, generator=g) * 4
+    known = torch.rand(3, B, generator=g) < 0.4
+    before = torch.where(known, torch.randint(4, V, (3, B), generator=g), MASK_ID)
+    before[:, :2] = MASK_ID
+    after = before.clone()
+    after[:, 0] = 5                                  # one step on: a masked position revealed
+    for states in before, after:
+        full_order, full_tok, full_p = ranks(logits, states, rule)
+        m = (states == MASK_ID).sum(-1)              # (3,): ranks < m are the masked positions
+        for k in 1, 3, 16:
+            order, tok, p = ranks(logits, states, rule, k)
+            assert torch.equal(order, full_order) and torch.equal(p, full_p[..., :k])
+            drawable = p > 0
+            assert torch.equal(tok[drawable], full_tok[..., :k][drawable])
+            packed = ranks(logits[before == MASK_ID], states, rule, k, packed_at=before)
+            read = (torch.arange(B) < m[:, None])[..., None] & drawable
+            assert torch.equal(packed[0], order)
+            assert torch.equal(packed[1][read], tok[read]) and torch.equal(packed[2][read], p[read])
 
 
 def test_build_drafts_takes_a_graph_as_load_graph_returns_it(tmp_path):

@@ -272,11 +272,40 @@ def test_bench_with_random_positions_still_finds_the_lossless_methods_lossless(c
 
 def test_speed_of_light_runs_on_a_tiny_preset(capsys):
     """bench.py --speed-of-light's figures, on the tiny preset: every forward row (B = 4, 8, 32
-    and B = 4 with 8x the cache allocated) timed against the floor, and the loop."""
+    and B = 4 with 8x the cache allocated) timed against the floor, each decoder's verification
+    forward, and the loop."""
     from sol import speed_of_light
     r = speed_of_light("tiny", cache_len=64, iters=2, new_tokens=8)
     assert [(f["block_size"], f["cache_rows"]) for f in r["forwards"]] == \
         [(4, 256), (8, 256), (32, 256), (4, 512)]
     assert all(f["forward_ms"] > 0 and f["x_floor"] > 0 for f in r["forwards"])
+    assert [(v["decoder"], v["queries"], v["logit_rows"]) for v in r["verification"]] == \
+        [("plain", 4, 4), ("plain", 4, 3), ("plain", 4, 2), ("plain", 4, 1), ("spiffy", 36, 19),
+         ("simsd", 16, 10)]                                              # logits where masked
+    assert all(v["forward_ms"] > 0 and v["round_x_plain"] > 0 for v in r["verification"])
     assert r["loop"]["nfe"] > 1 and r["loop"]["x_forwards"] > 0
     assert "the floor" in capsys.readouterr().out
+
+
+def test_plot_draws_a_bench_json_and_refuses_bad_input(tmp_path, monkeypatch):
+    import sys
+    import plot
+    rows = [dict(method=m, block_size=B, tokens_per_target_fwd=t * B / 4, tokens_per_s=100 * t)
+            for m, t in (("threshold", 2.0), ("spiffy", 1.5)) for B in (4, 8)]
+    bench_json = tmp_path / "b.json"
+    bench_json.write_text(json.dumps(dict(results=rows, device="cpu", date="2026-12-01")))
+    (tmp_path / "empty.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds no bench results"):
+        plot.plot(tmp_path / "empty.json", tmp_path / "p.png")
+    with pytest.raises(ValueError, match="no directory"):
+        plot.plot(bench_json, tmp_path / "no" / "p.png")
+    try:
+        import matplotlib  # noqa: F401
+        plot.plot(bench_json, tmp_path / "p.png")
+        assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    except ImportError:
+        pass
+    monkeypatch.setitem(sys.modules, "matplotlib", None)     # as if it were not installed
+    with pytest.raises(ValueError, match=r"plot.py needs matplotlib \(pip install matplotlib\)"):
+        plot.plot(bench_json, tmp_path / "q.png")
+    assert not (tmp_path / "q.png").exists()

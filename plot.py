@@ -1,0 +1,57 @@
+"""The bench's figure: tokens per target forward against the block size, one line per method,
+with the ceiling a block sets (B tokens a forward) drawn in; and tokens/s against the
+threshold rule beside it. Reads the JSON of `bench.py --out`.
+
+    python bench.py --block-size 4,8,32 --prompts 40 --repeats 3 --out docs/bench.json
+    python plot.py docs/bench.json docs/bench.png
+
+matplotlib is needed for this picture only (pip install matplotlib).
+"""
+import argparse
+import sys
+
+import util
+
+
+def plot(bench_json, png):
+    util.check_writable(png, "PNG")
+    bench = util.read_json(bench_json)
+    results = bench.get("results")
+    if not isinstance(results, list) or not results:
+        raise ValueError(f"{bench_json} holds no bench results (write one with bench.py --out)")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("plot.py needs matplotlib (pip install matplotlib)") from None
+    sizes = sorted({r["block_size"] for r in results})
+    thr = {r["block_size"]: r["tokens_per_s"] for r in results if r["method"] == "threshold"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    left.plot(sizes, sizes, "k:", label="ceiling: B tokens a forward")
+    for method in dict.fromkeys(r["method"] for r in results):
+        rows = sorted((r["block_size"], r) for r in results if r["method"] == method)
+        bs = [b for b, _ in rows]
+        left.plot(bs, [r["tokens_per_target_fwd"] for _, r in rows], "o-", label=method)
+        if thr:
+            right.plot(bs, [r["tokens_per_s"] / thr[b] for b, r in rows], "o-", label=method)
+    for ax, what in ((left, "tokens per target forward"), (right, "tokens/s, x the threshold rule")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_xlabel("block size B"), ax.set_ylabel(what), ax.grid(alpha=0.3)
+    left.set_yscale("log", base=2)
+    right.axhline(1, color="k", lw=0.8)
+    left.legend(fontsize=7)
+    fig.suptitle(f"bench.py on {bench.get('device')}, torch {bench.get('torch')}, {bench.get('prompts')} "
+                 f"prompts, {bench.get('date')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+if __name__ == "__main__":
+    ap = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bench_json", help="bench.py --out's JSON")
+    ap.add_argument("png", help="the picture to write")
+    a = ap.parse_args()
+    util.run(lambda: plot(a.bench_json, a.png))
+    print(f"wrote {a.png}", file=sys.stderr)

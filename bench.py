@@ -39,6 +39,7 @@ import logging
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -46,6 +47,7 @@ from tqdm import tqdm
 
 import util
 from decode import STRATEGIES, generate
+from model import PRESETS, ModelConfig, Transformer
 from prepare import extract_answer, problems
 from sample import (COMPILE_MODES, DEFAULT_DRAFTER, DEFAULT_TARGET, add_simsd_flags,
                     check_block_size, check_device, check_used, compile_model, load, make_rule)
@@ -166,6 +168,28 @@ def measure(runs, tasks, max_new_tokens, tok, repeats, device, bar):
                   for name in runs}
 
 
+# A model, not a measurement: what the counted forwards would cost for SDAR-8B (target) and
+# SDAR-1.7B (drafter) in bf16 on an H200 (spec-sheet peaks), each forward max(weight bytes /
+# bandwidth, 2 x params x query rows / peak FLOP/s), attention and KV reads left out; in
+# target-forward equivalents (one memory-bound SDAR-8B forward = 1) per token.
+GPU_MODEL = dict(pair="SDAR-8B + SDAR-1.7B on an H200, bf16 (modelled)", target="sdar-8b",
+                 drafter="sdar-1.7b", bandwidth=4.8e12, flops=989e12)
+
+
+def modelled_gpu_cost(rows, rows_draft, tokens, gpu=GPU_MODEL):
+    """rows, rows_draft: {query rows: forwards} of the target and the drafter -> modelled
+    target-forward equivalents per token."""
+    def params(preset):
+        with torch.device("meta"):
+            return sum(p.numel() for p in Transformer(ModelConfig(**PRESETS[preset])).parameters())
+    floor = 2 * params(gpu["target"]) / gpu["bandwidth"]            # one SDAR-8B forward, bf16
+
+    def cost(n_params, counts):
+        return sum(n * max(2 * n_params / gpu["bandwidth"], 2 * n_params * T / gpu["flops"])
+                   for T, n in counts.items())
+    return (cost(params(gpu["target"]), rows) + cost(params(gpu["drafter"]), rows_draft)) / floor / tokens
+
+
 def summarize(stats, outs, tasks, tok, wall):
     tokens, nfe = sum(s["tokens"] for s in stats), sum(s["nfe"] for s in stats)
     hist = {}
@@ -179,12 +203,16 @@ def summarize(stats, outs, tasks, tok, wall):
         for k, v in s.get("round_ends", {}).items():
             ends[k] = ends.get(k, 0) + v
     stops = {}   # why each prompt's decoding ended: a stop id, or max_new_tokens
+    rows, rows_draft = Counter(), Counter()   # query rows a forward -> forwards
     for s in stats:
         stops[s["stop"]] = stops.get(s["stop"], 0) + 1
+        rows.update(s["rows"]), rows_draft.update(s.get("rows_draft", {}))
     return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, round_ends=ends, stops=stops,
                 target_fwd_per_token=nfe / tokens,
                 draft_fwd_per_token=sum(s.get("nfe_draft", 0) for s in stats) / tokens,
                 tokens_per_target_fwd=tokens / nfe, nfe=nfe, hist=hist,
+                target_rows_per_token=sum(T * n for T, n in rows.items()) / tokens,
+                gpu_fwd_equiv_per_token=modelled_gpu_cost(rows, rows_draft, tokens),
                 mean_per_round=sum(k * v for k, v in hist.items()) / max(rounds, 1),
                 accuracy=correct / len(tasks))
 
@@ -214,11 +242,12 @@ def table(rows):
     cols = [("method", "{}"), ("B", "{}"), ("tok/s", "{:.1f}"), ("x sdar", "{:.2f}"),
             ("x plain", "{:.2f}"), ("tgt fwd/tok", "{:.3f}"), ("drf fwd/tok", "{:.2f}"),
             ("tok/tgt fwd", "{:.2f}"), ("of limit", "{:.0%}"), ("NFE / sdar", "{:.2f}x"),
-            ("mean/round", "{:.2f}"), ("accuracy", "{:.1%}"), ("same", "{:.0%}"), ("stopped", "{:.0%}")]
+            ("mean/round", "{:.2f}"), ("accuracy", "{:.1%}"), ("same", "{:.0%}"), ("stopped", "{:.0%}"),
+            ("rows/tok", "{:.1f}"), ("GPU fwd/tok*", "{:.3f}")]
     keys = ["method", "block_size", "tokens_per_s", "speedup_vs_sdar", "speedup_vs_plain",
             "target_fwd_per_token", "draft_fwd_per_token", "tokens_per_target_fwd",
             "fraction_of_limit", "nfe_reduction_vs_sdar", "mean_per_round", "accuracy",
-            "same_fraction", "stopped_fraction"]
+            "same_fraction", "stopped_fraction", "target_rows_per_token", "gpu_fwd_equiv_per_token"]
     cells = [[f.format(r[k]) for (_, f), k in zip(cols, keys)] for r in rows]
     widths = [max(len(c[0]), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
     line = lambda xs: "  ".join(x.rjust(w) for x, w in zip(xs, widths))
@@ -339,6 +368,8 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
         r["fraction_of_limit"] = r["tokens_per_target_fwd"] / r["block_size"]
         r["stopped_fraction"] = r["stops"].get("stop_id", 0) / len(tasks)   # the rest ran to the limit
     print(table(rows))
+    print(f"* GPU fwd/tok: target-forward equivalents per token, {GPU_MODEL['pair']}: a model of "
+          f"the counted forwards, not a measurement")
     for r in rows:   # why SimSD's rounds ended: the drafter wrong where the target is sure, ...
         if r["round_ends"]:
             print(f"{r['method']} B={r['block_size']} rounds ended: {r['round_ends']}")
@@ -355,7 +386,7 @@ def main(target=DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
             print(f"WARNING: {limit_hits.hits[0]}: part of the 'compiled' run was eager")
     result = dict(target=str(target), drafter=str(drafter), device=device, torch=torch.__version__,
                   prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats,
-                  results=rows, lossless_ok=not failed, dynamo=dynamo, notes=notes,
+                  results=rows, lossless_ok=not failed, dynamo=dynamo, notes=notes, gpu_model=GPU_MODEL,
                   date=time.strftime("%Y-%m-%d"))
     if out:
         with util.atomic_write(out) as tmp:

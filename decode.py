@@ -12,6 +12,7 @@
 """
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -186,6 +187,7 @@ class Session:
         model.setup_cache(max_len + self.static * (MAX_BUCKET // 2) * block_size)  # + padding
         self.device = model.embed.weight.device
         self.committed, self.pending, self.nfe = 0, None, 0
+        self.rows = Counter()   # query rows a forward -> forwards (bench.py's modelled GPU cost)
 
     def forward(self, tokens, pos, mask_for, keep, rows=None):
         """One forward of [pending ; tokens]. mask_for(prefix, n_commit) builds the mask_mod
@@ -216,6 +218,7 @@ class Session:
                                 keep=keep, rows=rows)
         self.committed, self.pending = self.committed + n_commit, None
         self.nfe += 1
+        self.rows[T] += 1
         return logits[0]
 
     def prefill(self, ids):
@@ -340,4 +343,5 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
 
     out, stop = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, stop_ids(c, eos_id),
                        on_block)
-    return out, dict(nfe=sess.nfe, tokens=len(out), seconds=time.perf_counter() - t0, stop=stop)
+    return out, dict(nfe=sess.nfe, tokens=len(out), seconds=time.perf_counter() - t0, stop=stop,
+                     rows=dict(sess.rows))

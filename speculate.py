@@ -269,7 +269,8 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     out, stop = decode(fill_block, [tsess, dsess], ids, B, max_new_tokens, rule.mask_id,
                        stop_ids(c, eos_id), on_block)
     seconds, rounds = time.perf_counter() - t0, sum(hist.values())
-    return out, dict(stop=stop, nfe=tsess.nfe, nfe_draft=dsess.nfe, tokens=len(out), seconds=seconds,
+    return out, dict(stop=stop, nfe=tsess.nfe, nfe_draft=dsess.nfe, rows=dict(tsess.rows),
+                     rows_draft=dict(dsess.rows), tokens=len(out), seconds=seconds,
                      rounds=rounds, accept_hist=dict(sorted(hist.items())),
                      mean_accepted=sum(k * v for k, v in hist.items()) / max(rounds, 1),
                      round_ends=dict(ends), tokens_per_s=len(out) / seconds)

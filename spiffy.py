@@ -209,7 +209,7 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
     out, stop = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, stop_ids(c, eos_id),
                        on_block)
     seconds = time.perf_counter() - t0
-    return out, dict(stop=stop, nfe=sess.nfe, tokens=len(out), seconds=seconds,
+    return out, dict(stop=stop, nfe=sess.nfe, rows=dict(sess.rows), tokens=len(out), seconds=seconds,
                      tokens_per_s=len(out) / seconds,
                      steps_per_forward=dict(sorted(advanced.items())),
                      nodes_per_forward=dict(sorted(verified.items())))

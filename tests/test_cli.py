@@ -97,7 +97,8 @@ def test_bench_quick_reports_every_method(capsys):
     assert [r["method"] for r in rec["results"]] == list(bench.METHODS)
     fields = {"tokens_per_s", "target_fwd_per_token", "draft_fwd_per_token", "tokens_per_target_fwd",
               "mean_per_round", "hist", "wall_s", "warmup_s", "accuracy", "speedup_vs_sdar",
-              "speedup_vs_plain", "nfe_reduction_vs_sdar", "fraction_of_limit", "same_fraction"}
+              "speedup_vs_plain", "nfe_reduction_vs_sdar", "fraction_of_limit", "same_fraction",
+              "target_rows_per_token", "gpu_fwd_equiv_per_token", "stops"}
     for r in rec["results"]:
         assert fields <= set(r), r["method"]
     by = {r["method"]: r for r in rec["results"]}
@@ -105,6 +106,20 @@ def test_bench_quick_reports_every_method(capsys):
     assert by["spiffy"]["same_fraction"] == by["simsd-lossless+threshold"]["same_fraction"] == 1
     assert all(r["stops"].get("stop_id", 0) + r["stops"].get("max_new_tokens", 0) == rec["prompts"]
                for r in rec["results"])
+
+
+def test_the_modelled_gpu_cost_is_a_roofline_of_the_counted_forwards():
+    """Memory-bound forwards cost one target-forward equivalent each, whatever their rows; a
+    forward past the ridge point costs in proportion to its rows; a drafter forward costs its
+    share of the target's weights."""
+    gpu = bench.GPU_MODEL
+    with torch.device("meta"):
+        params = {k: sum(p.numel() for p in bench.Transformer(bench.ModelConfig(**bench.PRESETS[k])).parameters())
+                  for k in (gpu["target"], gpu["drafter"])}
+    ridge = gpu["flops"] / gpu["bandwidth"]                 # rows where compute equals the weight read
+    assert bench.modelled_gpu_cost({4: 10, 40: 5}, {}, 30) == pytest.approx(15 / 30)
+    assert bench.modelled_gpu_cost({round(4 * ridge): 1}, {}, 1) == pytest.approx(round(4 * ridge) / ridge)
+    assert bench.modelled_gpu_cost({}, {4: 1}, 1) == pytest.approx(params[gpu["drafter"]] / params[gpu["target"]])
 
 
 def test_bench_takes_sample_py_s_spec_names(capsys):

@@ -7,7 +7,7 @@
 #
 #   bash gpu_check.sh              # on a GPU
 #   bash gpu_check.sh --dry-run    # the same phases in the same order on the CPU, in seconds:
-#                                  # fp32, 1 prompt, the tiny preset, torch.compile disabled
+#                                  # fp32, 1 prompt, B = 4, the tiny preset, no torch.compile
 # PYTHON picks the interpreter (default: python). Exit status: 0 when every phase passed.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -31,12 +31,12 @@ mkdir -p "$out" 2>/dev/null && [ -w "$out" ] || die "cannot write to OUT=$out"
 
 if [ $dry = 1 ]; then   # the flow, flags and parsing, not the figures: no GPU, no compiler
     export TORCH_COMPILE_DISABLE=1
-    dev=(--device cpu --dtype float32) sol=tiny scale=2 bench=(--prompts 1 --max-new-tokens 8)
+    dev=(--device cpu --dtype float32) sol=tiny scale=2 bench=(--prompts 1 --max-new-tokens 8) sizes=4
     tests=()
 else
     "$py" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
         || die "torch $("$py" -c 'import torch; print(torch.__version__)') sees no GPU (on a CPU: --dry-run)"
-    dev=(--device cuda --dtype bfloat16) sol=sdar-8b scale=1 bench=(--prompts 20) tests=()
+    dev=(--device cuda --dtype bfloat16) sol=sdar-8b scale=1 bench=(--prompts 20) sizes=4,32 tests=()
 fi
 methods=sdar,plain,threshold,simsd-lossless+threshold,spiffy,spiffy+threshold
 failed=()
@@ -53,9 +53,9 @@ phase() {   # phase NAME SECONDS LOG COMMAND...: COMMAND in its time box (SECOND
 
 "$py" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 phase tests 150 - "$py" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_syncs.py "${tests[@]}"
-phase bench-eager 60 - "$py" bench.py "${dev[@]}" --block-size 4,32 "${bench[@]}" --methods $methods \
+phase bench-eager 60 - "$py" bench.py "${dev[@]}" --block-size $sizes "${bench[@]}" --methods $methods \
     --out "$out/gpu_bench_eager.json"
-phase bench-compiled 180 - "$py" bench.py "${dev[@]}" --compile --block-size 4,32 "${bench[@]}" \
+phase bench-compiled 180 - "$py" bench.py "${dev[@]}" --compile --block-size $sizes "${bench[@]}" \
     --methods $methods --out "$out/gpu_bench_compiled.json"
 phase sol-eager 60 "$out/gpu_sol_eager.txt" "$py" bench.py --speed-of-light $sol "${dev[@]}"
 phase sol-compiled 120 "$out/gpu_sol_compiled.txt" "$py" bench.py --speed-of-light $sol "${dev[@]}" --compile

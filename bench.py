@@ -34,6 +34,7 @@ the shapes of the forwards). Flags, checkpoints, graphs,
         --device cuda --dtype bfloat16 --compile --chat
 """
 import argparse
+import functools
 import json
 import logging
 import statistics
@@ -176,18 +177,22 @@ GPU_MODEL = dict(pair="SDAR-8B + SDAR-1.7B on an H200, bf16 (modelled)", target=
                  drafter="sdar-1.7b", bandwidth=4.8e12, flops=989e12)
 
 
+@functools.cache
+def preset_params(preset):
+    """Parameters of a model.PRESETS shape, counted on the meta device (no memory)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in Transformer(ModelConfig(**PRESETS[preset])).parameters())
+
+
 def modelled_gpu_cost(rows, rows_draft, tokens, gpu=GPU_MODEL):
     """rows, rows_draft: {query rows: forwards} of the target and the drafter -> modelled
     target-forward equivalents per token."""
-    def params(preset):
-        with torch.device("meta"):
-            return sum(p.numel() for p in Transformer(ModelConfig(**PRESETS[preset])).parameters())
-    floor = 2 * params(gpu["target"]) / gpu["bandwidth"]            # one SDAR-8B forward, bf16
-
     def cost(n_params, counts):
         return sum(n * max(2 * n_params / gpu["bandwidth"], 2 * n_params * T / gpu["flops"])
                    for T, n in counts.items())
-    return (cost(params(gpu["target"]), rows) + cost(params(gpu["drafter"]), rows_draft)) / floor / tokens
+    floor = 2 * preset_params(gpu["target"]) / gpu["bandwidth"]      # one SDAR-8B forward, bf16
+    return (cost(preset_params(gpu["target"]), rows)
+            + cost(preset_params(gpu["drafter"]), rows_draft)) / floor / tokens
 
 
 def summarize(stats, outs, tasks, tok, wall):

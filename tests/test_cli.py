@@ -113,9 +113,7 @@ def test_the_modelled_gpu_cost_is_a_roofline_of_the_counted_forwards():
     forward past the ridge point costs in proportion to its rows; a drafter forward costs its
     share of the target's weights."""
     gpu = bench.GPU_MODEL
-    with torch.device("meta"):
-        params = {k: sum(p.numel() for p in bench.Transformer(bench.ModelConfig(**bench.PRESETS[k])).parameters())
-                  for k in (gpu["target"], gpu["drafter"])}
+    params = {k: bench.preset_params(k) for k in (gpu["target"], gpu["drafter"])}
     ridge = gpu["flops"] / gpu["bandwidth"]                 # rows where compute equals the weight read
     assert bench.modelled_gpu_cost({4: 10, 40: 5}, {}, 30) == pytest.approx(15 / 30)
     assert bench.modelled_gpu_cost({round(4 * ridge): 1}, {}, 1) == pytest.approx(round(4 * ridge) / ridge)

@@ -10,16 +10,12 @@
   attends to [0, start + T). Committed blocks live below `start`; scratch rows (drafts,
   verification copies) land above it and are overwritten by the next forward, so a rejected
   draft needs no rollback and can never be attended to again.
-- `from_pretrained` reads an HF-format SDAR/Qwen3 checkpoint directory shard by shard; a
-  config.json without a key that shapes the network, or with the wrong type, is refused
-  (ModelConfig.from_hf), and so are unreadable files, each error naming its file.
+- HF-format checkpoints (config.json checked key by key, safetensors shards) are read and
+  written by checkpoint.py; `from_pretrained`, `save_pretrained` and `from_hf` here call it.
 
 References: Qwen3 (HF transformers' modeling_qwen3), SDAR (JetLM), BD3-LM, nanoGPT, gpt-fast.
 """
-import json
-import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -27,7 +23,6 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 import mask as masks
-from util import atomic_write, read_json
 
 
 @dataclass
@@ -75,92 +70,24 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf, source="config.json", generation=None):
-        """From an HF config.json dict (SDAR, or Qwen3 with a mask token added). Every key that
-        shapes the network is required, with its type; only head_dim (hidden_size / heads, as
-        in HF), tie_word_embeddings (False, as in HF Qwen3), eos_token_id (Qwen's) and
-        max_position_embeddings may be left out. `generation`: generation_config.json's dict,
-        whose eos_token_id ids (one or a list) join config.json's as stop ids. Errors name the
-        key and `source`."""
-        def fail(msg):
-            raise ValueError(f"{source}: {msg}")
-
-        if not isinstance(hf, dict):
-            fail(f"a JSON {type(hf).__name__}, not an object")
-        if hf.get("model_type") not in ("sdar", "qwen3"):
-            fail(f"model_type {hf.get('model_type')!r} is not SDAR/Qwen3-like")
-        if hf.get("mask_token_id") is None:
-            fail("no mask_token_id: not a block-diffusion checkpoint")
-        for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("use_sliding_window", False)):
-            if hf.get(key, want) != want:
-                fail(f"{key} {hf[key]!r} is not supported (only {want!r})")
-        stops = []   # config.json's eos_token_id (Qwen3 chat configs may list several; the first
-        for where, cfg in ((source, hf), ("generation_config.json", generation or {})):  # is the EOS)
-            eos = cfg.get("eos_token_id")
-            eos = [] if eos is None else eos if type(eos) is list else [eos]
-            if not all(type(i) is int for i in eos):
-                raise ValueError(f"{where}: eos_token_id must be an id or a list of ids, got {cfg['eos_token_id']!r}")
-            stops += [i for i in eos if i not in stops]
-        hf = dict(hf, eos_token_id=stops[0] if stops else None)
-        kw = {}
-        for ours, theirs in HF_KEYS.items():
-            kind, value = FIELD_TYPES.get(ours, int), hf.get(theirs)
-            if value is None:
-                if ours not in OPTIONAL:
-                    fail(f"{theirs} is missing (it shapes the model, so it has no default)")
-            elif not _is(value, kind):
-                fail(f"{theirs} must be {JSON_TYPES[kind]}, got {value!r}")
-            else:
-                kw[ours] = value
-        rope = hf.get("rope_parameters") or {}
-        scaling = hf.get("rope_scaling") or {}
-        if not isinstance(rope, dict) or not isinstance(scaling, dict):
-            fail("rope_parameters / rope_scaling must be objects")
-        for kind in (rope.get("rope_type"), scaling.get("rope_type", scaling.get("type"))):
-            if kind not in (None, "default"):
-                fail(f"RoPE type {kind!r} is not supported (only plain RoPE)")
-        theta = kw.get("rope_theta", rope.get("rope_theta"))
-        if theta is None:
-            fail("rope_theta is missing (at the top level or in rope_parameters)")
-        if not _is(theta, float):
-            fail(f"rope_theta must be a number, got {theta!r}")
-        if "head_dim" not in kw:                                 # HF's default
-            if kw["n_head"] < 1 or kw["n_embd"] % kw["n_head"]:
-                fail(f"no head_dim, and hidden_size {kw['n_embd']} is not a multiple of "
-                     f"num_attention_heads {kw['n_head']}")
-            kw["head_dim"] = kw["n_embd"] // kw["n_head"]
-        kw.update(rope_theta=float(theta), block_sizes=tuple(kw.get("block_sizes", ())),
-                  tie_embeddings=kw.get("tie_embeddings", False),     # HF Qwen3's default
-                  eos_token_id=kw.get("eos_token_id", 151643),        # Qwen's <|endoftext|>
-                  stop_ids=tuple(stops) if len(stops) > 1 else ())
-        try:
-            return cls(**kw)
-        except ValueError as e:
-            raise ValueError(f"{source}: {e}") from None
+        """From an HF config.json dict, every key checked; `generation`: generation_config.json's
+        dict (more stop ids). Errors name `source` (checkpoint.config_from_hf)."""
+        import checkpoint  # lazily: checkpoint.py imports this module
+        return checkpoint.config_from_hf(hf, source, generation, cls=cls)
 
     def to_hf(self):
-        hf = {theirs: getattr(self, ours) for ours, theirs in HF_KEYS.items()}
-        hf["eos_token_id"] = list(self.stop_ids) or self.eos_token_id
-        return dict(hf, model_type="sdar", architectures=["SDARForCausalLM"], hidden_act="silu",
-                    attention_bias=False, block_sizes=list(self.block_sizes))
+        """-> the config.json dict of an SDAR checkpoint (checkpoint.config_to_hf)."""
+        import checkpoint
+        return checkpoint.config_to_hf(self)
 
 
+# each field's config.json name (ModelConfig's messages use them; checkpoint.py maps with them)
 HF_KEYS = dict(vocab_size="vocab_size", n_layer="num_hidden_layers", n_head="num_attention_heads",
                n_kv_head="num_key_value_heads", n_embd="hidden_size", head_dim="head_dim",
                intermediate_size="intermediate_size", rope_theta="rope_theta",
                norm_eps="rms_norm_eps", tie_embeddings="tie_word_embeddings",
                block_size="block_size", block_sizes="block_sizes", mask_token_id="mask_token_id",
                eos_token_id="eos_token_id", max_seq_len="max_position_embeddings")
-# what config.json may leave out (rope_theta: checked apart, it may sit in rope_parameters)
-OPTIONAL = {"head_dim", "tie_embeddings", "block_sizes", "eos_token_id", "max_seq_len", "rope_theta"}
-FIELD_TYPES = dict(rope_theta=float, norm_eps=float, tie_embeddings=bool, block_sizes=list)  # else int
-JSON_TYPES = {int: "an integer", float: "a number", bool: "true or false", list: "a list of integers"}
-
-
-def _is(value, kind):
-    """config.json's types: bools are not numbers, floats are not integers."""
-    if kind is list:
-        return type(value) is list and all(type(v) is int for v in value)
-    return type(value) in ((int, float) if kind is float else (kind,))
 
 
 SDAR = dict(vocab_size=151936, rope_theta=1e6, mask_token_id=151669, eos_token_id=151643,
@@ -353,100 +280,21 @@ class Transformer(nn.Module):
         trunk = torch.compile(type(self).trunk, dynamic=False, **options)
         self.static_trunk = cfg.patch(**{name: max(getattr(cfg, name), 64)})(trunk)
 
-    # ---- checkpoints: the HF layout of real SDAR checkpoints ----
-    HF_NAMES = {  # HF name -> ours; {i} is the layer index
-        "model.embed_tokens.weight": "embed.weight",
-        "model.norm.weight": "norm.weight",
-        "lm_head.weight": "lm_head.weight",
-        "model.layers.{i}.input_layernorm.weight": "layers.{i}.attn_norm.weight",
-        "model.layers.{i}.post_attention_layernorm.weight": "layers.{i}.mlp_norm.weight",
-        "model.layers.{i}.self_attn.q_proj.weight": "layers.{i}.attn.wq.weight",
-        "model.layers.{i}.self_attn.k_proj.weight": "layers.{i}.attn.wk.weight",
-        "model.layers.{i}.self_attn.v_proj.weight": "layers.{i}.attn.wv.weight",
-        "model.layers.{i}.self_attn.o_proj.weight": "layers.{i}.attn.wo.weight",
-        "model.layers.{i}.self_attn.q_norm.weight": "layers.{i}.attn.q_norm.weight",
-        "model.layers.{i}.self_attn.k_norm.weight": "layers.{i}.attn.k_norm.weight",
-        "model.layers.{i}.mlp.gate_proj.weight": "layers.{i}.mlp.gate.weight",
-        "model.layers.{i}.mlp.up_proj.weight": "layers.{i}.mlp.up.weight",
-        "model.layers.{i}.mlp.down_proj.weight": "layers.{i}.mlp.down.weight",
-    }
-
+    # ---- HF checkpoints: checkpoint.py (imported lazily, as it imports this module) ----
     @staticmethod
     def rename(name, to_local=True):
-        """HF weight name -> ours (or back), through HF_NAMES with the layer index as {i}."""
-        table = Transformer.HF_NAMES if to_local else {v: k for k, v in Transformer.HF_NAMES.items()}
-        prefix = "model.layers." if to_local else "layers."
-        m = re.match(re.escape(prefix) + r"(\d+)\.(.*)", name)
-        key = f"{prefix}{{i}}.{m.group(2)}" if m else name
-        if key not in table:
-            raise ValueError(f"unexpected weight in checkpoint: {name}")
-        return table[key].replace("{i}", m.group(1) if m else "")
+        """HF weight name -> ours (or back): checkpoint.rename."""
+        import checkpoint
+        return checkpoint.rename(name, to_local)
 
     @classmethod
     def from_pretrained(cls, path, device=None, dtype=None):
-        """Load an HF-format SDAR/Qwen3 directory, one shard at a time straight onto `device`
-        (the model is built on the meta device, so weights never exist twice in memory).
-        Bad files raise a one-line ValueError (FileNotFoundError if missing) naming them."""
-        from safetensors import SafetensorError, safe_open
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"no config.json in checkpoint directory {path}")
-        generation = path / "generation_config.json"   # the stop ids of chat checkpoints
-        config = ModelConfig.from_hf(read_json(path / "config.json"), source=path / "config.json",
-                                     generation=read_json(generation) if generation.is_file() else None)
-        index = path / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = read_json(index).get("weight_map")
-            if not (isinstance(weight_map, dict) and weight_map
-                    and all(isinstance(s, str) for s in weight_map.values())):
-                raise ValueError(f"{index}: no weight_map (weight name -> shard file)")
-            shards = sorted(set(weight_map.values()))
-            for shard in shards:
-                if not (path / shard).is_file():
-                    raise FileNotFoundError(f"shard {shard} listed in {index} not found")
-        elif (path / "model.safetensors").is_file():
-            shards = ["model.safetensors"]
-        else:
-            raise FileNotFoundError(f"no model.safetensors(.index.json) in {path}")
-        with torch.device("meta"):
-            model = cls(config)
-        expected = {k: v.shape for k, v in model.state_dict().items()}
-        loaded = set()
-        for shard in shards:
-            try:
-                with safe_open(path / shard, framework="pt", device=str(device or "cpu")) as f:
-                    for hf_name in f.keys():
-                        name = cls.rename(hf_name)
-                        if name not in expected:
-                            raise ValueError(f"unexpected weight in checkpoint: {hf_name} (the "
-                                             f"config has {config.n_layer} layers)")
-                        if name == "lm_head.weight" and config.tie_embeddings:
-                            continue  # some tied checkpoints store the head too: it is the embedding
-                        t = f.get_tensor(hf_name)
-                        if t.shape != expected[name]:
-                            raise ValueError(f"shape mismatch for {hf_name}: checkpoint "
-                                             f"{tuple(t.shape)}, model {tuple(expected[name])}")
-                        model.load_state_dict({name: t.to(dtype or t.dtype)}, strict=False, assign=True)
-                        loaded.add(name)
-            except SafetensorError as e:  # truncated or not safetensors at all
-                raise ValueError(f"{path / shard} is not a readable safetensors file: {e}") from None
-        missing = set(expected) - loaded - ({"lm_head.weight"} if config.tie_embeddings else set())
-        if missing:
-            names = ", ".join(sorted(cls.rename(n, to_local=False) for n in missing))
-            raise ValueError(f"checkpoint {path} lacks weight(s): {names}")
-        if config.tie_embeddings:
-            model.lm_head.weight = model.embed.weight
-        return model.eval()
+        """Load an HF-format SDAR/Qwen3 directory, shard by shard onto `device`, cast to `dtype`
+        if given; bad files raise a one-line error naming them (checkpoint.from_pretrained)."""
+        import checkpoint
+        return checkpoint.from_pretrained(path, device, dtype, cls=cls)
 
     def save_pretrained(self, path, dtype=torch.bfloat16):
-        """Write config.json and model.safetensors, each replaced whole (util.atomic_write)."""
-        from safetensors.torch import save_file
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {self.rename(name, to_local=False): t.detach().to(dtype).contiguous().cpu()
-                 for name, t in self.state_dict().items()
-                 if not (name == "lm_head.weight" and self.config.tie_embeddings)}
-        with atomic_write(path / "model.safetensors") as tmp:
-            save_file(state, tmp, metadata={"format": "pt"})
-        with atomic_write(path / "config.json") as tmp:
-            tmp.write_text(json.dumps(self.config.to_hf(), indent=2) + "\n")
+        """Write config.json and model.safetensors in HF layout (checkpoint.save_pretrained)."""
+        import checkpoint
+        checkpoint.save_pretrained(self, path, dtype)

@@ -1,0 +1,237 @@
+"""HF-format checkpoints: the directory layout of real SDAR / Qwen3 checkpoints, read and written.
+
+- config.json <-> ModelConfig: every key that shapes the network is required, with its type
+  (`config_from_hf`); generation_config.json adds a chat model's stop ids.
+- Weights: model.safetensors, or the shards that model.safetensors.index.json lists, under HF's
+  names (HF_NAMES). `from_pretrained` reads one shard at a time straight onto the device, into
+  a model built on the meta device, so the weights never exist twice in memory.
+- Bad files are refused with a one-line ValueError (FileNotFoundError if missing) naming them.
+
+model.py's Transformer.from_pretrained / save_pretrained / rename and ModelConfig.from_hf /
+to_hf call this module (importing it lazily, as it imports model.py).
+"""
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from model import HF_KEYS, ModelConfig, Transformer
+from util import atomic_write, read_json
+
+# ---- config.json ----
+# what config.json may leave out (rope_theta: checked apart, it may sit in rope_parameters)
+OPTIONAL = {"head_dim", "tie_embeddings", "block_sizes", "eos_token_id", "max_seq_len", "rope_theta"}
+FIELD_TYPES = dict(rope_theta=float, norm_eps=float, tie_embeddings=bool, block_sizes=list)  # else int
+JSON_TYPES = {int: "an integer", float: "a number", bool: "true or false", list: "a list of integers"}
+
+
+def _is(value, kind):
+    """config.json's types: bools are not numbers, floats are not integers."""
+    if kind is list:
+        return type(value) is list and all(type(v) is int for v in value)
+    return type(value) in ((int, float) if kind is float else (kind,))
+
+
+def _fail(source, msg):
+    """Refuse a config file: one ValueError naming it."""
+    raise ValueError(f"{source}: {msg}")
+
+
+def _stop_ids(hf, source, generation):
+    """The eos_token_id ids of config.json, then generation_config.json's new ones (each may
+    give one id or a list; Qwen3 chat configs list several, the first is the EOS)."""
+    stops = []
+    for where, cfg in ((source, hf), ("generation_config.json", generation or {})):
+        eos = cfg.get("eos_token_id")
+        eos = [] if eos is None else eos if type(eos) is list else [eos]
+        if not all(type(i) is int for i in eos):
+            _fail(where, f"eos_token_id must be an id or a list of ids, got {cfg['eos_token_id']!r}")
+        stops += [i for i in eos if i not in stops]
+    return stops
+
+
+def _rope_theta(hf, theta, source):
+    """RoPE's base: config.json's rope_theta (`theta`, None if absent) or rope_parameters'.
+    Only plain RoPE: a scaled or otherwise typed one would silently change the numerics."""
+    rope, scaling = hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}
+    if not isinstance(rope, dict) or not isinstance(scaling, dict):
+        _fail(source, "rope_parameters / rope_scaling must be objects")
+    for kind in (rope.get("rope_type"), scaling.get("rope_type", scaling.get("type"))):
+        if kind not in (None, "default"):
+            _fail(source, f"RoPE type {kind!r} is not supported (only plain RoPE)")
+    theta = rope.get("rope_theta") if theta is None else theta
+    if theta is None:
+        _fail(source, "rope_theta is missing (at the top level or in rope_parameters)")
+    if not _is(theta, float):
+        _fail(source, f"rope_theta must be a number, got {theta!r}")
+    return float(theta)
+
+
+def config_from_hf(hf, source="config.json", generation=None, cls=ModelConfig):
+    """A ModelConfig from an HF config.json dict (SDAR, or Qwen3 with a mask token added). Every
+    key that shapes the network is required, with its type; only head_dim (hidden_size / heads,
+    as in HF), tie_word_embeddings (False, as in HF Qwen3), eos_token_id (Qwen's) and
+    max_position_embeddings may be left out. `generation`: generation_config.json's dict, whose
+    eos_token_id ids join config.json's as stop ids. Errors name the key and `source`."""
+    if not isinstance(hf, dict):
+        _fail(source, f"a JSON {type(hf).__name__}, not an object")
+    if hf.get("model_type") not in ("sdar", "qwen3"):
+        _fail(source, f"model_type {hf.get('model_type')!r} is not SDAR/Qwen3-like")
+    if hf.get("mask_token_id") is None:
+        _fail(source, "no mask_token_id: not a block-diffusion checkpoint")
+    for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("use_sliding_window", False)):
+        if hf.get(key, want) != want:
+            _fail(source, f"{key} {hf[key]!r} is not supported (only {want!r})")
+    stops = _stop_ids(hf, source, generation)
+    hf, kw = dict(hf, eos_token_id=stops[0] if stops else None), {}
+    for ours, theirs in HF_KEYS.items():
+        kind, value = FIELD_TYPES.get(ours, int), hf.get(theirs)
+        if value is None:
+            if ours not in OPTIONAL:
+                _fail(source, f"{theirs} is missing (it shapes the model, so it has no default)")
+        elif not _is(value, kind):
+            _fail(source, f"{theirs} must be {JSON_TYPES[kind]}, got {value!r}")
+        else:
+            kw[ours] = value
+    kw["rope_theta"] = _rope_theta(hf, kw.get("rope_theta"), source)
+    if "head_dim" not in kw:                                 # HF's default
+        if kw["n_head"] < 1 or kw["n_embd"] % kw["n_head"]:
+            _fail(source, f"no head_dim, and hidden_size {kw['n_embd']} is not a multiple of "
+                          f"num_attention_heads {kw['n_head']}")
+        kw["head_dim"] = kw["n_embd"] // kw["n_head"]
+    kw.update(block_sizes=tuple(kw.get("block_sizes", ())),
+              tie_embeddings=kw.get("tie_embeddings", False),     # HF Qwen3's default
+              eos_token_id=kw.get("eos_token_id", 151643),        # Qwen's <|endoftext|>
+              stop_ids=tuple(stops) if len(stops) > 1 else ())
+    try:
+        return cls(**kw)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+
+
+def config_to_hf(config):
+    """The config.json dict of an SDAR checkpoint with this config (stop ids as eos_token_id)."""
+    hf = {theirs: getattr(config, ours) for ours, theirs in HF_KEYS.items()}
+    hf["eos_token_id"] = list(config.stop_ids) or config.eos_token_id
+    return dict(hf, model_type="sdar", architectures=["SDARForCausalLM"], hidden_act="silu",
+                attention_bias=False, block_sizes=list(config.block_sizes))
+
+
+# ---- weights ----
+HF_NAMES = {  # HF name -> ours; {i} is the layer index
+    "model.embed_tokens.weight": "embed.weight",
+    "model.norm.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+    "model.layers.{i}.input_layernorm.weight": "layers.{i}.attn_norm.weight",
+    "model.layers.{i}.post_attention_layernorm.weight": "layers.{i}.mlp_norm.weight",
+    "model.layers.{i}.self_attn.q_proj.weight": "layers.{i}.attn.wq.weight",
+    "model.layers.{i}.self_attn.k_proj.weight": "layers.{i}.attn.wk.weight",
+    "model.layers.{i}.self_attn.v_proj.weight": "layers.{i}.attn.wv.weight",
+    "model.layers.{i}.self_attn.o_proj.weight": "layers.{i}.attn.wo.weight",
+    "model.layers.{i}.self_attn.q_norm.weight": "layers.{i}.attn.q_norm.weight",
+    "model.layers.{i}.self_attn.k_norm.weight": "layers.{i}.attn.k_norm.weight",
+    "model.layers.{i}.mlp.gate_proj.weight": "layers.{i}.mlp.gate.weight",
+    "model.layers.{i}.mlp.up_proj.weight": "layers.{i}.mlp.up.weight",
+    "model.layers.{i}.mlp.down_proj.weight": "layers.{i}.mlp.down.weight",
+}
+TO_HF = {ours: theirs for theirs, ours in HF_NAMES.items()}
+
+
+def rename(name, to_local=True):
+    """HF weight name -> ours (or back), through HF_NAMES with the layer index as {i}."""
+    table, prefix = (HF_NAMES, "model.layers.") if to_local else (TO_HF, "layers.")
+    m = re.match(re.escape(prefix) + r"(\d+)\.(.*)", name)
+    key = f"{prefix}{{i}}.{m.group(2)}" if m else name
+    if key not in table:
+        raise ValueError(f"unexpected weight in checkpoint: {name}")
+    return table[key].replace("{i}", m.group(1) if m else "")
+
+
+def read_config(path):
+    """The ModelConfig of checkpoint directory `path`: config.json, with the stop ids of
+    generation_config.json (chat checkpoints) if there is one."""
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no config.json in checkpoint directory {path}")
+    generation = path / "generation_config.json"
+    return config_from_hf(read_json(path / "config.json"), source=path / "config.json",
+                          generation=read_json(generation) if generation.is_file() else None)
+
+
+def find_shards(path):
+    """The weight files of directory `path`: those model.safetensors.index.json lists (each
+    checked to exist), else model.safetensors alone."""
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        if not (path / "model.safetensors").is_file():
+            raise FileNotFoundError(f"no model.safetensors(.index.json) in {path}")
+        return ["model.safetensors"]
+    weight_map = read_json(index).get("weight_map")
+    if not (isinstance(weight_map, dict) and weight_map
+            and all(isinstance(s, str) for s in weight_map.values())):
+        raise ValueError(f"{index}: no weight_map (weight name -> shard file)")
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if not (path / shard).is_file():
+            raise FileNotFoundError(f"shard {shard} listed in {index} not found")
+    return shards
+
+
+def load_shard(model, file, expected, device, dtype):
+    """Assign the weights in safetensors `file` to `model` (on `device`, cast to `dtype` if
+    given), each checked against `expected` (our name -> shape); -> our names loaded."""
+    from safetensors import SafetensorError, safe_open
+    config, loaded = model.config, set()
+    try:
+        with safe_open(file, framework="pt", device=str(device or "cpu")) as f:
+            for hf_name in f.keys():
+                name = rename(hf_name)
+                if name not in expected:
+                    raise ValueError(f"unexpected weight in checkpoint: {hf_name} (the "
+                                     f"config has {config.n_layer} layers)")
+                if name == "lm_head.weight" and config.tie_embeddings:
+                    continue  # some tied checkpoints store the head too: it is the embedding
+                t = f.get_tensor(hf_name)
+                if t.shape != expected[name]:
+                    raise ValueError(f"shape mismatch for {hf_name}: checkpoint "
+                                     f"{tuple(t.shape)}, model {tuple(expected[name])}")
+                model.load_state_dict({name: t.to(dtype or t.dtype)}, strict=False, assign=True)
+                loaded.add(name)
+    except SafetensorError as e:  # truncated or not safetensors at all
+        raise ValueError(f"{file} is not a readable safetensors file: {e}") from None
+    return loaded
+
+
+def from_pretrained(path, device=None, dtype=None, cls=Transformer):
+    """Load an HF-format SDAR/Qwen3 directory, one shard at a time straight onto `device` (the
+    model is built on the meta device, so weights never exist twice in memory). -> in eval mode"""
+    path = Path(path)
+    config = read_config(path)
+    shards = find_shards(path)
+    with torch.device("meta"):
+        model = cls(config)
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    loaded = set()
+    for shard in shards:
+        loaded |= load_shard(model, path / shard, expected, device, dtype)
+    missing = set(expected) - loaded - ({"lm_head.weight"} if config.tie_embeddings else set())
+    if missing:
+        names = ", ".join(sorted(rename(n, to_local=False) for n in missing))
+        raise ValueError(f"checkpoint {path} lacks weight(s): {names}")
+    if config.tie_embeddings:
+        model.lm_head.weight = model.embed.weight
+    return model.eval()
+
+
+def save_pretrained(model, path, dtype=torch.bfloat16):
+    """Write config.json and model.safetensors, each replaced whole (util.atomic_write)."""
+    from safetensors.torch import save_file
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {rename(name, to_local=False): t.detach().to(dtype).contiguous().cpu()
+             for name, t in model.state_dict().items()
+             if not (name == "lm_head.weight" and model.config.tie_embeddings)}
+    with atomic_write(path / "model.safetensors") as tmp:
+        save_file(state, tmp, metadata={"format": "pt"})
+    with atomic_write(path / "config.json") as tmp:
+        tmp.write_text(json.dumps(config_to_hf(model.config), indent=2) + "\n")

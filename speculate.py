@@ -1,6 +1,8 @@
 """SimSD: speculative decoding of a block-diffusion LM with a small drafter dLLM.
 
-docs/design.md, section 3 (after the SimSD paper). Per round, on the current block:
+docs/design.md, section 3 (after the SimSD paper). Per round, on the current block (a round of
+the default path, "copies" with any acceptance rule, is simsd_round; of the paper's own path,
+temporal_round):
   draft   the drafter runs its own decoding on the block's masked positions: each forward
           reveals its most confident position (and, with `draft_threshold`, every other one
           above it) until `gamma` tokens are drafted or its confidence falls below
@@ -16,15 +18,17 @@ docs/design.md, section 3 (after the SimSD paper). Per round, on the current blo
             copies (verify.verify_copies): the target's exact logits at every drafted state,
             the last one included. (n + 1) B queries.
   accept  along the draft order, by one of three rules:
-          "paper": greedy match, or min(1, p_target(d) / p_draft(d)); at the first rejection
-            the correction from norm(max(0, p_target - p_draft)).
-          "gated" (copies only): accept d only where the target is sure of that position in
-            that exact state (it is its most confident masked position, or its confidence is
-            above `gate`) and agrees as in "paper"; where it is not sure, the target takes its
-            own decoding step (static or threshold) from that state and the round ends.
-          "lossless" (copies only): the target's own rule walked through the drafter's states
-            (verify.walk, as in Spiffy): output identical to plain decoding, token for token
-            in fp32 (bf16 rounding: see verify.py).
+          "paper" (accept; on the copies, accept_paper): greedy match, or min(1, p_target(d)
+            / p_draft(d)); at the first rejection the correction from norm(max(0, p_target -
+            p_draft)).
+          "gated" (copies only, accept_gated): accept d only where the target is sure of that
+            position in that exact state (it is its most confident masked position, or its
+            confidence is above `gate`) and agrees as in "paper"; where it is not sure, the
+            target takes its own decoding step (static or threshold) from that state and the
+            round ends.
+          "lossless" (copies only, accept_lossless): the target's own rule walked through the
+            drafter's states (verify.walk, as in Spiffy): output identical to plain decoding,
+            token for token in fp32 (bf16 rounding: see verify.py).
   commit  the accepted positions become known (any subset of the block, not only a left
           prefix); draft again until the block is full, then commit it to both caches.
 
@@ -38,6 +42,7 @@ rule keeps them exactly and is the fastest of the three (sample.py's default).
 import time
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +53,7 @@ from verify import first_true, same_state, verify_copies, walk
 
 VERIFIERS, ACCEPTS = ("temporal", "copies"), ("paper", "gated", "lossless")
 DRAFT_THRESHOLD, DRAFT_STOP = 0.5, 0.3   # chosen by measurement on the embedded pair (README)
+GATE = 0.9   # gated acceptance: the target confidence it accepts at
 
 
 @dataclass
@@ -156,34 +162,124 @@ def accept(logits, block, d, rule, generator=None):
     return block, accepted
 
 
-def accept_exact(logits, copies, counts, d, step, rule, gate=None, generator=None):
-    """The "paper" (gate None) or "gated" rule on exact logits, verify_copies' (packed, with
-    its counts): the target at copies[k], the state before draft k; copies[n] is the state
-    after every draft.
-    Draft k is accepted when gated and agreed. At the first draft not accepted, a gated one
-    gets the correction; an ungated one (the target is not sure there) is replaced by the
-    target's own decoding step from that state; if every draft is accepted, the target steps
-    from the last state, whose logits come with the forward.
-    -> (new block, accepted, steps, why the round ended)."""
-    n, k = len(d.pos), torch.arange(len(d.pos), device=d.pos.device)
+def drafts_agreed(logits, copies, d, rule, generator=None):
+    """The target at each draft, in the state it was drafted in (draft k: copies[k]), from
+    verify_copies' packed logits. -> ((n, V) p_target there, (n,) bool: it agrees (agree))."""
+    k = torch.arange(len(d.pos), device=d.pos.device)
     at = packed_index(copies, rule.mask_id)                          # (n + 1, B): each one's row
     p_target = rule.probs(logits[at[k, d.pos]])                      # (n, V) at each draft
-    ok = agree(p_target, d, rule, generator)
-    if gate is not None:
-        masked = copies[:n] == rule.mask_id                          # (n, B)
-        top = rule.top_confidence(logits[:sum(counts[:n])])[at[:n]].masked_fill(~masked, -1.0)
-        gated = (top.argmax(-1) == d.pos) | (top[k, d.pos] > gate)
-        ok &= gated
-    accepted = int(first_true(~ok))                                  # host sync
-    if accepted < n and (gate is None or bool(gated[accepted])):
-        block = copies[accepted].clone()
-        block[d.pos[accepted]] = correct(p_target[accepted], d.p_draft[accepted], rule, generator)
-        return block, accepted, accepted + 1, "draft rejected" if gate is None else "target sure, draft rejected"
-    why = "every draft accepted" if accepted == n else "target unsure"
-    if not (copies[accepted] == rule.mask_id).any():                 # every draft taken: full
-        return copies[accepted], accepted, accepted, why
-    state = logits.split(counts)[accepted]                           # its (counts[accepted], V)
-    return rule(state, copies[accepted], step + accepted, generator), accepted, accepted + 1, why
+    return p_target, agree(p_target, d, rule, generator)
+
+
+def target_sure(logits, copies, counts, d, rule, gate):
+    """(n,) bool: the target is sure of draft k's position in the state it was drafted in: it
+    is the target's most confident masked position there, or its confidence is above gate."""
+    n, k = len(d.pos), torch.arange(len(d.pos), device=d.pos.device)
+    at = packed_index(copies, rule.mask_id)
+    top = rule.top_confidence(logits[:sum(counts[:n])])[at[:n]]      # (n, B)
+    top = top.masked_fill(copies[:n] != rule.mask_id, -1.0)          # a known position: never top
+    return (top.argmax(-1) == d.pos) | (top[k, d.pos] > gate)
+
+
+def corrected(copies, d, p_target, k, rule, generator=None):
+    """copies[k] (drafts 1..k accepted) with draft k's position given the target's correction
+    (correct) instead of the rejected draft."""
+    block = copies[k].clone()
+    block[d.pos[k]] = correct(p_target[k], d.p_draft[k], rule, generator)
+    return block
+
+
+def target_step(logits, copies, counts, k, step, rule, generator=None):
+    """The target's own decoding step from copies[k] (its logits came with the forward), or
+    none when copies[k] is full. -> (new block, the round's steps: k accepted, plus this one)."""
+    if not (copies[k] == rule.mask_id).any():                        # host sync; full: no step
+        return copies[k], k
+    return rule(logits.split(counts)[k], copies[k], step + k, generator), k + 1
+
+
+def accept_paper(logits, copies, counts, d, step, rule, generator=None):
+    """The paper's rule on exact logits: accept the drafts in draft order while the target
+    agrees with each in the state it was drafted in (greedy: the draft is its argmax there;
+    sampling: speculative sampling's u < p_target(d) / p_draft(d)). The first rejected draft
+    is replaced by the target's correction, from norm(max(0, p_target - p_draft)), so each
+    committed token follows p_target at its position and state (speculative sampling's
+    guarantee); if every draft is accepted, the target steps from the last state (a bonus).
+    Not lossless: the drafter chose which positions to reveal, and in which order.
+    -> (new block, drafts accepted, target steps taken, why the round ended)."""
+    p_target, agreed = drafts_agreed(logits, copies, d, rule, generator)
+    accepted = int(first_true(~agreed))                              # host sync
+    if accepted < len(d.pos):
+        block = corrected(copies, d, p_target, accepted, rule, generator)
+        return block, accepted, accepted + 1, "draft rejected"
+    block, steps = target_step(logits, copies, counts, accepted, step, rule, generator)
+    return block, accepted, steps, "every draft accepted"
+
+
+def accept_gated(logits, copies, counts, d, step, rule, generator=None, gate=GATE):
+    """The paper's rule, gated by the target's confidence: accept a draft only where the target
+    is sure of its position in that exact state (target_sure) and agrees with it. Where it is
+    sure and disagrees, its correction, as in accept_paper; where it is unsure, it does not
+    follow the drafter's choice of position: it takes its own decoding step (static or
+    threshold) from that state, and the round ends. Why: what loses answers at large B is the
+    ORDER the drafter reveals positions in, and the gate keeps the target's own order wherever
+    it is not sure of the drafter's. -> as accept_paper."""
+    p_target, agreed = drafts_agreed(logits, copies, d, rule, generator)
+    sure = target_sure(logits, copies, counts, d, rule, gate)
+    accepted = int(first_true(~(agreed & sure)))                     # host sync
+    if accepted < len(d.pos) and bool(sure[accepted]):               # host sync: sure, disagrees
+        block = corrected(copies, d, p_target, accepted, rule, generator)
+        return block, accepted, accepted + 1, "target sure, draft rejected"
+    block, steps = target_step(logits, copies, counts, accepted, step, rule, generator)
+    return block, accepted, steps, "every draft accepted" if accepted == len(d.pos) else "target unsure"
+
+
+def accept_lossless(logits, copies, counts, d, step, rule, generator=None):
+    """The target's own decoding, walked through the drafter's states (verify.walk): it steps
+    from copies[0] by its own rule, and while its new state is one of the drafted states, whose
+    logits came with the forward, it steps again. Every step is plain decoding's, so the block
+    is plain decoding's token for token (with the same seed when sampling): the drafts only
+    save forwards. A draft counts as accepted when the walk passed through a state holding it.
+    Copy k holds drafts 1..k, so that is the deepest copy the walk reached (it can skip some:
+    a threshold step may reveal several drafts at once). -> as accept_paper."""
+    path, _ = walk(logits, copies, counts, step, rule, generator)
+    walked = torch.stack([new for _, new in path])                   # (steps, B): the new states
+    reached = same_state(copies[None], walked[:, None]).any(0)       # (n + 1,): copies walked to
+    drafts = torch.arange(len(copies), device=copies.device)         # copy k holds k drafts
+    accepted = int(torch.where(reached, drafts, 0).max())            # host sync; 0: none reached
+    why = "every draft accepted" if accepted == len(d.pos) else "target chose otherwise"
+    return path[-1][1], accepted, len(path), why
+
+
+def simsd_round(tsess, dsess, block, pos, n_masked, step, rule, accept_drafts, draft_kw, generator=None):
+    """One round of SimSD's default path, verifier "copies" (in the spirit of gpt-fast's
+    speculative_decode): the drafter drafts, the target checks every drafted state in ONE
+    forward, the acceptance rule keeps what it accepts, and the new block holds it.
+    block: the current block, n_masked of its positions masked (a host int); step: the
+    target's step index at it; accept_drafts: accept_lossless, accept_gated or accept_paper;
+    draft_kw: draft's settings (gamma, draft_threshold, draft_stop, the drafter's generator).
+    -> (new block, drafts accepted, target steps taken, why the round ended)."""
+    # draft: the drafter decodes the block its own way, up to gamma tokens
+    d = draft(dsess, block, pos, rule, **draft_kw)
+    # verify: the block before each draft and after the last as whole-block copies (copy k:
+    # drafts 1..k revealed, n_masked - k masks left), in ONE target forward: the target's
+    # exact logits in every state the drafter passed through
+    copies = d.states(block)
+    counts = [n_masked - k for k in range(len(copies))]
+    logits = verify_copies(tsess, copies, pos, counts, rule.mask_id)
+    # accept and commit: the accepted drafts, and the target's own step or correction after
+    # them, make the new block; the next round drafts from it
+    return accept_drafts(logits, copies, counts, d, step, rule, generator)
+
+
+def temporal_round(tsess, dsess, block, pos, rule, draft_kw, order="tau", rope_copy=True, generator=None):
+    """One round of the paper's own path (verifier "temporal"): draft, ONE target forward over
+    [data section | mask section] (verify), the paper's rule along the step map (accept).
+    order="position", rope_copy=False: the paper's ablations. -> (new block, drafts accepted)."""
+    d = draft(dsess, block, pos, rule, **draft_kw)
+    if order == "position":                                          # ablation: left to right
+        d = Draft(*(t[d.pos.argsort()] for t in (d.pos, d.tokens, d.p_draft)),
+                  torch.arange(1, len(d.pos) + 1, device=d.pos.device))
+    return accept(verify(tsess, block, pos, d, rule, rope_copy), block, d, rule, generator)
 
 
 def check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order):
@@ -208,7 +304,7 @@ def check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_sto
 
 @torch.no_grad()
 def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifier="copies",
-                   acceptance="lossless", gamma=None, gate=0.9, draft_threshold=DRAFT_THRESHOLD,
+                   acceptance="lossless", gamma=None, gate=GATE, draft_threshold=DRAFT_THRESHOLD,
                    draft_stop=DRAFT_STOP,
                    rope_copy=True, order="tau", fuse_commit=True, eos_id=None, generator=None,
                    on_block=None):
@@ -235,31 +331,19 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     draft_gen = None
     if generator is not None:
         draft_gen = torch.Generator(generator.device).manual_seed(generator.initial_seed() + 1)
+    draft_kw = dict(gamma=gamma, draft_threshold=draft_threshold, draft_stop=draft_stop, generator=draft_gen)
+    accept_drafts = dict(paper=accept_paper, gated=partial(accept_gated, gate=gate),
+                         lossless=accept_lossless)[acceptance]
 
     def fill_block(block, pos, n_masked):
         step = 0
         while n_masked:
-            d = draft(dsess, block, pos, rule, gamma, draft_threshold, draft_stop, draft_gen)
             if verifier == "temporal":
-                if order == "position":                              # ablation: left to right
-                    d = Draft(*(t[d.pos.argsort()] for t in (d.pos, d.tokens, d.p_draft)),
-                              torch.arange(1, len(d.pos) + 1, device=d.pos.device))
-                block, n_accepted = accept(verify(tsess, block, pos, d, rule, rope_copy),
-                                           block, d, rule, generator)
+                block, n_accepted = temporal_round(tsess, dsess, block, pos, rule, draft_kw, order,
+                                                   rope_copy, generator)
             else:
-                copies = d.states(block)                             # copy k: k drafts revealed
-                counts = [n_masked - k for k in range(len(copies))]
-                logits = verify_copies(tsess, copies, pos, counts, rule.mask_id)
-                if acceptance == "lossless":
-                    path, _ = walk(logits, copies, counts, step, rule, generator)
-                    block, n_steps = path[-1][1], len(path)
-                    reached = same_state(copies[None], torch.stack([s for _, s in path])[:, None])
-                    n_accepted = int((reached * torch.arange(len(copies), device=reached.device)).max())
-                    why = "every draft accepted" if n_accepted == len(d.pos) else "target chose otherwise"
-                else:
-                    block, n_accepted, n_steps, why = accept_exact(
-                        logits, copies, counts, d, step, rule, gate if acceptance == "gated" else None,
-                        generator)
+                block, n_accepted, n_steps, why = simsd_round(tsess, dsess, block, pos, n_masked, step,
+                                                              rule, accept_drafts, draft_kw, generator)
                 step += n_steps
                 ends[why] += 1
             hist[n_accepted] += 1

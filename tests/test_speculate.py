@@ -514,10 +514,40 @@ def test_gated_acceptance_takes_sure_drafts_then_the_targets_own_step():
                           torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)]),
                           torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)])])
     packed, counts = logits[copies == MASK_ID], (copies == MASK_ID).sum(-1).tolist()  # as verified
-    new, accepted, steps, why = speculate.accept_exact(packed, copies, counts, d, 0, rule, gate=0.9)
+    new, accepted, steps, why = speculate.accept_gated(packed, copies, counts, d, 0, rule, gate=0.9)
     assert (accepted, steps, why) == (1, 2, "target unsure") and new.tolist() == [MASK_ID, MASK_ID, 6, 5]
-    new, accepted, steps, why = speculate.accept_exact(packed, copies, counts, d, 0, rule, gate=None)
+    new, accepted, steps, why = speculate.accept_paper(packed, copies, counts, d, 0, rule)
     assert (accepted, steps) == (2, 3) and new.tolist() == [7, MASK_ID, 6, 5]
+
+
+@pytest.mark.parametrize("rule_kw, next_at_copy_2, expected", [
+    (dict(), 4, (0, 1, "target chose otherwise", [7, MASK_ID, MASK_ID, MASK_ID])),
+    (dict(strategy="low_confidence_dynamic"), 4, (2, 2, "target chose otherwise", [7, 4, 6, MASK_ID])),
+    (dict(strategy="low_confidence_dynamic"), 5, (3, 3, "every draft accepted", [7, 5, 6, 4])),
+], ids=["static", "threshold-skips-a-copy", "threshold-all"])
+def test_lossless_acceptance_counts_the_deepest_drafted_state_walked_to(rule_kw, next_at_copy_2, expected):
+    """Drafts: position 2 gets 6, then 0 gets 7, then 1 gets 5. The target is sure (0.95) of
+    positions 0 and 2. The static rule reveals one a step, the leftmost of the tie, position 0:
+    not the drafter's first state, so no draft is accepted. The threshold rule reveals both at
+    once, landing on copy 2 (copy 1 skipped): two drafts accepted in one step; from there it
+    reveals position 1, as 4 (a state not verified: the round ends) or as the draft 5 (copy 3:
+    it steps once more, to the full block)."""
+    B, V = 4, 8
+    rule = DecodeRule(MASK_ID, B, **rule_kw)
+    d = Draft(pos=torch.tensor([2, 0, 1]), tokens=torch.tensor([6, 7, 5]),
+              p_draft=torch.full((3, V), 1.0 / V), tau=torch.tensor([1, 2, 3]))
+    copies = d.states(torch.full((B,), MASK_ID))
+
+    def row(tok, p):  # logits whose softmax puts p on tok and spreads the rest evenly
+        r = torch.full((V,), math.log((1 - p) / (V - 1)))
+        r[tok] = math.log(p)
+        return r
+    first = torch.stack([row(7, 0.95), row(5, 0.5), row(6, 0.95), row(4, 0.5)])
+    second = torch.stack([row(7, 0.95), row(next_at_copy_2, 0.97), row(6, 0.95), row(4, 0.5)])
+    logits = torch.stack([first, first, second, second])           # the target at copies 0..3
+    packed, counts = logits[copies == MASK_ID], (copies == MASK_ID).sum(-1).tolist()
+    new, accepted, steps, why = speculate.accept_lossless(packed, copies, counts, d, 0, rule)
+    assert (accepted, steps, why, new.tolist()) == expected
 
 
 class FixedLogits(torch.nn.Module):
@@ -538,7 +568,7 @@ class FixedLogits(torch.nn.Module):
 
 
 def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
-    """Two masked positions, gamma = 2, the real draft -> verify_copies -> accept_exact: every
+    """Two masked positions, gamma = 2, the real draft -> verify_copies -> accept_paper: every
     committed token follows p_target at its position (chi-square), although the drafter's
     distributions are far from it. When the drafter chose its position by the confidence of
     the token it had just drawn, position 0 came out about [0.30, 0.21, 0.49] here."""
@@ -555,7 +585,7 @@ def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
         copies = d.states(block)
         counts = (copies == mask_id).sum(-1).tolist()
         logits = speculate.verify_copies(tsess, copies, pos, counts, mask_id)
-        new, accepted, _, _ = speculate.accept_exact(logits, copies, counts, d, 0, rule, None, g)
+        new, accepted, _, _ = speculate.accept_paper(logits, copies, counts, d, 0, rule, g)
         first.append(int(new[0])), drafted.append(int(d.tokens[0]))
         if new[1] != mask_id:                          # position 1 was decided this round too
             second.append(int(new[1]))

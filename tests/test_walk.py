@@ -1,0 +1,189 @@
+"""Tests for verify.walk's two algorithms on random verified copies, CPU:
+
+- walk_stepwise, plain decoding's loop (any rule), against a reference written here the
+  obvious way (a dict from each verified state to its logits): the same path, the same random
+  draws (greedy and seeded sampling);
+- walk_batched, the fast path for a stateless rule (every copy stepped in one call), against
+  walk_stepwise: the same path, logits and host results, with Spiffy's ranks as `extra`;
+- walk dispatches to the one that applies;
+- host syncs (tests/test_syncs.py's counter): walk_batched makes ONE, walk_stepwise one a step.
+
+A random round: copies[0] a block with random known positions; a chain of states that the
+rule itself reaches (each copy stepped on its own random logits, with the random stream the
+walk will use), cut short at random by a near miss (the rule's next state with one token
+changed: the walk stops there); near misses and repeats of chain states with other logits as
+distractors (a walk takes the first matching copy); then copies[1:] shuffled.
+
+Run: python -m pytest tests/test_walk.py -q
+"""
+import random
+
+import pytest
+import torch
+
+import verify
+from decode import DecodeRule
+from model import PRESETS
+from spiffy import ranks
+from test_syncs import SyncCounter
+
+MASK_ID, V = PRESETS["tiny"]["mask_token_id"], 11
+STATELESS = {"static": dict(), "threshold": dict(strategy="low_confidence_dynamic", threshold=0.9),
+             "sequential": dict(strategy="sequential"),
+             "entropy": dict(strategy="entropy_bounded", eb_threshold=0.5),
+             "two-a-step": dict(steps=4)}                  # B = 8: quota 2 at every step
+STATEFUL = {"random": dict(strategy="random"),
+            "uneven-steps": dict(steps=3),                 # B = 8: quotas 3, 3, 2
+            "sampled-static": dict(temperature=1.0, top_k=3),
+            "sampled-threshold": dict(temperature=1.0, strategy="low_confidence_dynamic", threshold=0.9),
+            "sampled-top-p": dict(temperature=0.7, top_p=0.9, steps=3)}
+SEEDS = range(12)
+
+
+def near_miss(state, before, rng):
+    """`state` with one of the tokens revealed since `before` changed to another one."""
+    revealed = (state != before).nonzero().squeeze(-1).tolist()
+    miss = state.clone()
+    p = rng.choice(revealed)
+    miss[p] = rng.choice([t for t in range(V) if t not in (MASK_ID, int(state[p]))])
+    return miss
+
+
+def random_round(rule, seed, draw_seed=None):
+    """-> (packed logits, copies, counts, step) of a random round (see the module docstring);
+    draw_seed: the seed of the random stream the walk will draw from (sampled rules)."""
+    B, rng, g = rule.block_size, random.Random(seed), torch.Generator().manual_seed(seed)
+    draw = None if draw_seed is None else torch.Generator().manual_seed(draw_seed)
+    block = torch.full((B,), MASK_ID)
+    known = rng.sample(range(B), rng.randrange(B - 1))
+    block[known] = torch.randint(0, V, (len(known),), generator=g).clamp(min=MASK_ID + 1)
+    step, noise = rng.randrange(2), lambda: torch.randn(B, V, generator=g) * 4
+    chain, extras, state = [], [], block      # chain: (state, its logits), as the rule walks
+    while True:
+        chain.append((state, noise()))
+        if not (state == MASK_ID).any():      # full: the walk ends here
+            break
+        new = rule(chain[-1][1][state == MASK_ID], state, step + len(chain) - 1, draw)
+        if rng.random() < 0.3:
+            extras.append(near_miss(new, state, rng))
+        if rng.random() < 0.1:                # the walk stops at the rule's new state
+            chain.append((near_miss(new, state, rng), noise()))
+            break
+        state = new
+    copies = chain + [(s, noise()) for s in extras]
+    copies += [(s, noise()) for s, _ in copies[1:] if rng.random() < 0.15]   # repeats
+    rest = copies[1:]
+    rng.shuffle(rest)
+    states = torch.stack([s for s, _ in [copies[0]] + rest])
+    logits = torch.stack([lg for _, lg in [copies[0]] + rest])
+    masked = states == MASK_ID
+    return logits[masked], states, masked.sum(-1).tolist(), step
+
+
+def reference_walk(logits, copies, counts, step, rule, generator=None):
+    """Plain decoding through the verified states, the obvious way: -> the new states."""
+    each = logits.split(counts)
+    verified = {}
+    for state, lg in zip(copies[1:].tolist(), each[1:]):
+        verified.setdefault(tuple(state), lg)                # the first copy of a state counts
+    state, lg, walked = copies[0], each[0], []
+    while True:
+        new = rule(lg, state, step + len(walked), generator)
+        walked.append(new.tolist())
+        if tuple(walked[-1]) not in verified or MASK_ID not in walked[-1]:
+            return walked
+        state, lg = new, verified[tuple(walked[-1])]
+
+
+def make_rule(rule_kw):
+    return DecodeRule(MASK_ID, 8, **rule_kw)
+
+
+def seeded(seed):
+    return torch.Generator().manual_seed(1000 + seed)
+
+
+def with_ranks(rule):
+    return lambda lg, cp, st: ranks(lg, st, rule, 3, cp)     # Spiffy's extra
+
+
+def read(host):
+    """walk's host results as Spiffy reads them: the state, and with ranks, the positions by
+    rank and the token ranks of the masked ones only (a known position's are any row's)."""
+    state, *ranked = host
+    m = state.count(MASK_ID)
+    return [state] + ([ranked[0]] + [r[:m] for r in ranked[1:]] if ranked else [])
+
+
+@pytest.mark.parametrize("rule_kw", list(STATELESS.values()) + list(STATEFUL.values()),
+                         ids=list(STATELESS) + list(STATEFUL))
+def test_the_stepwise_walk_is_plain_decoding_through_the_verified_states(rule_kw):
+    rule, lengths = make_rule(rule_kw), []
+    for seed in SEEDS:
+        logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
+        ref_gen, gen = seeded(seed), seeded(seed)
+        expected = reference_walk(logits, copies, counts, step, rule, ref_gen)
+        path, (state,) = verify.walk_stepwise(logits, copies, counts, step, rule, gen)
+        assert [new.tolist() for _, new in path] == expected and state == expected[-1], seed
+        assert torch.equal(gen.get_state(), ref_gen.get_state()), "not plain decoding's draws"
+        lengths.append(len(path))
+    assert max(lengths) >= 3 and min(lengths) <= 2, f"vacuous: walk lengths {lengths}"
+
+
+@pytest.mark.parametrize("rule_kw", list(STATELESS.values()), ids=list(STATELESS))
+def test_the_batched_walk_takes_the_stepwise_walks_path(rule_kw):
+    rule, lengths = make_rule(rule_kw), []
+    assert rule.stateless
+    for seed in SEEDS:
+        logits, copies, counts, step = random_round(rule, seed)
+        for extra in (verify.no_extra, with_ranks(rule)):
+            fast, fast_host = verify.walk_batched(logits, copies, counts, step, rule, extra)
+            slow, slow_host = verify.walk_stepwise(logits, copies, counts, step, rule, None, extra)
+            assert len(fast) == len(slow), seed
+            for (lg_f, new_f), (lg_s, new_s) in zip(fast, slow):
+                assert torch.equal(lg_f, lg_s) and torch.equal(new_f, new_s), seed
+            assert read(fast_host) == read(slow_host), seed
+            assert walk_result(verify.walk(logits, copies, counts, step, rule, None, extra)) == \
+                walk_result((fast, fast_host))                   # walk takes the fast path
+        lengths.append(len(fast))
+    assert max(lengths) >= 3 and min(lengths) <= 2, f"vacuous: walk lengths {lengths}"
+
+
+def walk_result(walked):
+    path, host = walked
+    return [(lg.tolist(), new.tolist()) for lg, new in path], host
+
+
+@pytest.mark.parametrize("rule_kw", list(STATEFUL.values()), ids=list(STATEFUL))
+def test_walk_steps_a_stateful_rule_one_step_at_a_time(rule_kw):
+    rule = make_rule(rule_kw)
+    assert not rule.stateless
+    for seed in SEEDS[:4]:
+        logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
+        got = verify.walk(logits, copies, counts, step, rule, seeded(seed), with_ranks(rule))
+        want = verify.walk_stepwise(logits, copies, counts, step, rule, seeded(seed), with_ranks(rule))
+        assert walk_result(got) == walk_result(want)
+
+
+@pytest.mark.parametrize("rule_kw", [STATELESS["threshold"], STATELESS["two-a-step"], STATEFUL["sampled-static"]],
+                         ids=["threshold", "two-a-step", "sampled-static"])
+def test_the_batched_walk_syncs_once_and_the_stepwise_walk_once_a_step(rule_kw, monkeypatch):
+    rule, syncs, lengths = make_rule(rule_kw), SyncCounter(monkeypatch), []
+    for seed in SEEDS:
+        logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
+        extra = with_ranks(rule)
+        if rule.stateless:
+            syncs.count = 0
+            with syncs:
+                verify.walk_batched(logits, copies, counts, step, rule, extra)
+            assert syncs.count == 1, seed
+        syncs.count = 0
+        with syncs:
+            path, _ = verify.walk_stepwise(logits, copies, counts, step, rule, seeded(seed), extra)
+        assert syncs.count == len(path), seed
+        syncs.count = 0
+        with syncs:
+            verify.walk(logits, copies, counts, step, rule, seeded(seed), extra)
+        assert syncs.count == (1 if rule.stateless else len(path)), seed
+        lengths.append(len(path))
+    assert max(lengths) >= 3, f"vacuous: walk lengths {lengths}"

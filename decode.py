@@ -71,6 +71,15 @@ class DecodeRule:
         base, extra = divmod(self.block_size, self.steps)
         self.quota = [base + (s < extra) for s in range(self.steps)]
 
+
+    def describe(self):
+        """In words, for summary lines: "threshold rule 0.9, B=4"."""
+        name = {"low_confidence_dynamic": f"threshold rule {self.threshold:g}",
+                "low_confidence_static": "one token a step" if self.steps == self.block_size
+                else f"{self.steps} steps a block",
+                "entropy_bounded": f"entropy_bounded {self.eb_threshold:g}"}.get(self.strategy, self.strategy)
+        sampled = f", temperature {self.temperature:g}" if self.temperature else ", greedy"
+        return f"{name}, B={self.block_size}{sampled}"
     def probs(self, logits):
         """(n, V) logits -> (n, V) fp32 distribution tokens are drawn from: temperature, the
         mask token removed (revealing a mask would reveal nothing), then top-k and top-p."""

@@ -38,7 +38,7 @@ else
         || die "torch $("$py" -c 'import torch; print(torch.__version__)') sees no GPU (on a CPU: --dry-run)"
     dev=(--device cuda --dtype bfloat16) sol=sdar-8b scale=1 bench=(--prompts 20) sizes=4,32 tests=()
 fi
-methods=sdar,plain,threshold,simsd-lossless+threshold,spiffy,spiffy+threshold
+methods=sdar,plain,threshold,simsd-lossless+threshold,spiffy+static,spiffy+threshold
 failed=()
 phase() {   # phase NAME SECONDS LOG COMMAND...: COMMAND in its time box (SECONDS / scale on a
     local name=$1 limit=$(( $2 / scale )) log=$3 rc   # dry run), its stdout also to LOG unless -

@@ -29,12 +29,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import cli
 import sample
 import util
-from decode import generate
-from speculate import simsd_generate
-from spiffy import graph_path, load_graph, spiffy_generate
-from tokenizer import check_same_tokenizer
 
 NEEDS_LM_EVAL = "harness.py needs the lm-evaluation-harness: pip install lm-eval"
 try:
@@ -51,7 +48,7 @@ GENERATION_ONLY = ("sdar-spec is generation-only (generate_until tasks such as g
 NO_CHAT_HISTORY = ("sdar-spec renders no chat history: instead of --apply_chat_template, give model_args "
                    "chat=True (the whole prompt as one user turn)")
 SETTINGS = dict(  # model_arg -> (type, default); None as in sample.py: that method's default
-    target=(Path, sample.DEFAULT_TARGET), drafter=(Path, None), spec=(str, "simsd"),
+    target=(Path, cli.DEFAULT_TARGET), drafter=(Path, None), spec=(str, "simsd"),
     block_size=(int, None), threshold=(float, None), strategy=(str, None), temperature=(float, 0.0),
     top_k=(int, None), top_p=(float, None), eb_threshold=(float, 0.35), gamma=(int, None),
     verify=(str, None), accept=(str, None), gate=(float, None), draft_threshold=(float, None),
@@ -59,7 +56,6 @@ SETTINGS = dict(  # model_arg -> (type, default); None as in sample.py: that met
     seed=(int, 0), device=(str, None), dtype=(str, None), compile=(str, None), chat=(bool, False),
     max_new_tokens=(int, 256))
 GEN_KWARGS = dict(until=None, max_gen_toks=int, do_sample=bool, temperature=float, top_k=int, top_p=float)
-DTYPES = ("float32", "bfloat16", "float16")   # sample.py's --dtype choices
 KINDS = {int: "an integer", float: "a number", bool: "True or False", tuple: "integers like [2,5]"}
 
 
@@ -105,53 +101,27 @@ class SDARSpec(LM):
         a = {k: convert("model_args", k, model_args.get(k, default), kind)
              for k, (kind, default) in SETTINGS.items()}
         a["device"] = a["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
-        for name, allowed in (("dtype", DTYPES), ("compile", sample.COMPILE_MODES)):
+        for name, allowed in (("dtype", cli.DTYPES), ("compile", cli.COMPILE_MODES)):
             if a[name] not in (None, *allowed):
                 raise ValueError(f"model_args {name}={a[name]!r}: choose from {', '.join(allowed)}")
-        simsd = dict(gamma=a["gamma"], verifier=a["verify"], acceptance=a["accept"], gate=a["gate"],
-                     draft_threshold=a["draft_threshold"], draft_stop=a["draft_stop"])
-        sample.check_args(a["spec"], a["block_size"], a["threshold"], a["temperature"], a["top_k"],
-                          a["top_p"], a["max_new_tokens"], a["device"], a["drafter"], a["graph"],
-                          a["draft_budget"], a["eb_threshold"], **simsd)
+        flags = dict(drafter=a["drafter"], gamma=a["gamma"], verifier=a["verify"], acceptance=a["accept"],
+                     gate=a["gate"], draft_threshold=a["draft_threshold"], draft_stop=a["draft_stop"],
+                     draft_budget=a["draft_budget"])
+        sample.check_args(a["spec"], a["device"], a["block_size"], a["max_new_tokens"], a["threshold"],
+                          a["temperature"], a["top_k"], a["top_p"], a["eb_threshold"], a["graph"], flags)
         self._device, self.chat, self.seed = a["device"], a["chat"], a["seed"]
         self.max_new_tokens = a["max_new_tokens"]
-        dtype = getattr(torch, a["dtype"]) if a["dtype"] else None
-        self.model, self.tok = sample.load(a["target"], a["device"], dtype, a["stop_ids"])
-        threshold = a["threshold"]
-        if a["spec"] == "simsd" and threshold is None and a["strategy"] is None:
-            threshold = sample.SIMSD_THRESHOLD   # as sample.py: SimSD's default rule
-        self.rule = sample.make_rule(self.model, a["block_size"], threshold, a["temperature"], a["top_k"],
-                                     a["top_p"], None, a["strategy"], a["eb_threshold"])
-        sample.check_block_size(self.model, self.rule.block_size, "target")
+        self.model, self.tok, self.rule, run = sample.prepare(
+            a["spec"], a["target"], flags.pop("drafter"), a["block_size"], a["threshold"], a["strategy"],
+            a["device"], a["dtype"], a["compile"], a["stop_ids"], a["graph"],
+            dict(temperature=a["temperature"], top_k=a["top_k"], top_p=a["top_p"], eb_threshold=a["eb_threshold"]))
         if self.chat:   # a tokenizer with no chat format fails now, not at the first request
             self.tok.apply_chat_template("")
             if self.tok.chat_template is None:
                 print(f"note: {a['target']} has no chat_template; the prompts are in ChatML",
                       file=sys.stderr)
-        self.decode = self.decoder(a, {k: v for k, v in simsd.items() if v is not None}, dtype)
-
-    def decoder(self, a, simsd, dtype):
-        """The chosen method as one call (ids, max_new_tokens, **kw) -> (new ids, stats), with
-        its drafter or graph loaded and checked now, as sample.py does, not at the first request."""
-        model, models = self.model, [self.model]
-        if a["spec"] == "none":
-            decode = lambda ids, n, **kw: generate(model, ids, n, **kw)   # noqa: E731
-        elif a["spec"] == "simsd":
-            drafter, draft_tok = sample.load(a["drafter"] or sample.DEFAULT_DRAFTER, a["device"], dtype)
-            check_same_tokenizer(draft_tok, self.tok)
-            sample.check_block_size(drafter, self.rule.block_size, "drafter")
-            if (drafter.config.vocab_size, drafter.config.mask_token_id) != \
-                    (model.config.vocab_size, model.config.mask_token_id):
-                raise ValueError("drafter and target differ in vocabulary size or mask token id")
-            models.append(drafter)
-            decode = lambda ids, n, **kw: simsd_generate(model, drafter, ids, n, **simsd, **kw)  # noqa: E731
-        else:
-            g = load_graph(a["graph"] or graph_path(a["target"], self.rule), self.rule)
-            decode = lambda ids, n, **kw: spiffy_generate(model, ids, n, graph=g,  # noqa: E731
-                                                          draft_budget=a["draft_budget"] or 8, **kw)
-        for m in models if a["compile"] else ():
-            sample.compile_model(m, a["compile"])
-        return decode
+        kw = {k: v for k, v in flags.items() if v is not None}
+        self.decode = lambda ids, n, **more: run(ids, n, **kw, **more)
 
     def generate_until(self, requests, disable_tqdm=False):
         """Every request in order, one at a time (the decoders decode one sequence), with a

@@ -250,6 +250,50 @@ def extract_answer(text):
     return int(value) if value.is_integer() else value
 
 
+ENTITIES = {"people": set(NAMES), "things": {w for ws in WORDS.values() for w in ws}}
+
+
+def entities_copied(question, answer):
+    """Per kind (people, things): None if the answer names none, else whether every one it
+    names is named in the question. The accuracy metric (the number) cannot see this."""
+    q, a = (set(re.findall(r"[A-Za-z]+", s)) for s in (question, answer))
+    return {kind: (a & words <= q) if a & words else None for kind, words in ENTITIES.items()}
+
+
+# ----------------------------------------------------------------------------- benchmark tasks
+
+def load_tasks(data, n, tok, chat):
+    """(prompt ids, expected answer) pairs: held-out generated problems, or the first n of a
+    GSM8K-style JSONL with "question" and "answer" (the answer's `#### N`, else its last number)."""
+    if data is None:
+        items = [(f"Question: {p['question']}\nAnswer:", p["result"]) for p in problems(n, "test")]
+    else:
+        items = []
+        for k, rec in util.read_prompts(data, "--data", ("question", "answer"), stop=n):
+            items.append((rec["question"], extract_answer(str(rec["answer"]))))
+            if items[-1][1] is None:
+                raise ValueError(f"{data}:{k}: the answer must hold a number")
+        if not items:
+            raise ValueError(f"--data file {data} holds no problems")
+    return [(tok.encode(tok.apply_chat_template(q) if chat else q), a) for q, a in items]
+
+
+def calibration_prompts(data, n_measured, tok, chat, note, n=50):
+    """Prompts to calibrate a missing Spiffy graph on, never the ones measured: the
+    training split's problems, or the --data file's lines after the first n_measured."""
+    if data is None:
+        note.append("missing Spiffy graphs are calibrated on training-split problems")
+        return [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(n, "train")]
+    rest = util.read_prompts(data, "--data", start=n_measured, stop=n_measured + n)
+    if not rest:
+        raise ValueError(f"a Spiffy graph is missing and --data {data} has no lines left after the "
+                         f"{n_measured} measured to calibrate it on: give fewer --prompts, or run "
+                         f"`python spiffy.py --calibrate --data FILE` first")
+    note.append(f"missing Spiffy graphs are calibrated on {data} lines {rest[0][0]}-{rest[-1][0]}, "
+                f"which are not measured")
+    return [tok.encode(tok.apply_chat_template(r["question"]) if chat else r["question"]) for _, r in rest]
+
+
 def check(problem):
     """Recompute a problem: every equation in the answer is correct, uses numbers from the
     question or earlier results, stays within 0..60, and the last result is the answer."""

@@ -21,6 +21,7 @@ config.json) runs
     python bench.py --speed-of-light sdar-8b --device cuda --dtype bfloat16 --compile
     python bench.py --speed-of-light qwen-vocab-2l     # where the head is most of a forward
 """
+import functools
 import json
 import statistics
 import time
@@ -31,9 +32,35 @@ import torch
 import mask as masks
 from decode import DecodeRule, Session, generate, packed_rows
 from model import PRESETS, ModelConfig, Transformer
-from sample import compile_model
+from cli import compile_model
 from spiffy import ranks
 from verify import verify_copies, walk
+
+
+# A model, not a measurement: what the counted forwards would cost for SDAR-8B (target) and
+# SDAR-1.7B (drafter) in bf16 on an H200 (spec-sheet peaks), each forward max(weight bytes /
+# bandwidth, 2 x params x query rows / peak FLOP/s), attention and KV reads left out; in
+# target-forward equivalents (one memory-bound SDAR-8B forward = 1) per token.
+GPU_MODEL = dict(pair="SDAR-8B + SDAR-1.7B on an H200, bf16 (modelled)", target="sdar-8b",
+                 drafter="sdar-1.7b", bandwidth=4.8e12, flops=989e12)
+
+
+@functools.cache
+def preset_params(preset):
+    """Parameters of a model.PRESETS shape, counted on the meta device (no memory)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in Transformer(ModelConfig(**PRESETS[preset])).parameters())
+
+
+def modelled_gpu_cost(rows, rows_draft, tokens, gpu=GPU_MODEL):
+    """rows, rows_draft: {query rows: forwards} of the target and the drafter -> modelled
+    target-forward equivalents per token."""
+    def cost(n_params, counts):
+        return sum(n * max(2 * n_params / gpu["bandwidth"], 2 * n_params * T / gpu["flops"])
+                   for T, n in counts.items())
+    floor = 2 * preset_params(gpu["target"]) / gpu["bandwidth"]      # one SDAR-8B forward, bf16
+    return (cost(preset_params(gpu["target"]), rows)
+            + cost(preset_params(gpu["drafter"]), rows_draft)) / floor / tokens
 
 
 def timer(device):

@@ -38,6 +38,8 @@ import util
 from decode import STRATEGIES, DecodeRule, Session, check_prompt, decode, packed_index, stop_ids, to_device
 from verify import verify_copies, walk
 
+DRAFT_BUDGET = 8   # D*: the most draft-graph nodes verified a forward
+
 
 def ranks(logits, states, rule, k=None, packed_at=None):
     """Rank the positions of each state by the confidence of their most likely token under
@@ -169,7 +171,7 @@ def graph_rule(rule):
 
 
 @torch.no_grad()
-def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, draft_budget=8,
+def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, draft_budget=DRAFT_BUDGET,
                     fuse_commit=True, eos_id=None, generator=None, on_block=None, record=None):
     """Spiffy decoding; same arguments and output as decode.generate, plus
     graph: a calibrated graph (load_graph), None for no drafts (plain decoding);
@@ -235,6 +237,27 @@ def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
                 counts=[counts[n] for n in nodes])
 
 
+def graphs_for(target_dir, target, calib_prompts, note):
+    """A graph per rule: the one shipped next to the target, else calibrated here on
+    calib_prompts() (called once, when the first graph is missing)."""
+    cache, prompts = {}, []
+
+    def get(rule):
+        key = (rule.block_size, rule.strategy)
+        if key not in cache:
+            path = graph_path(target_dir, rule)
+            if path.is_file():
+                cache[key] = load_graph(path, rule)
+            else:
+                t0 = time.perf_counter()
+                prompts[:] = prompts or calib_prompts()
+                cache[key] = calibrate(target, prompts, rule)
+                note.append(f"calibrated a graph for {key} in {time.perf_counter() - t0:.1f} s "
+                            f"({path.name} not found)")
+        return cache[key]
+    return get
+
+
 def main(target="models/target", block_sizes=(4, 8, 32), threshold=None, prompts=50, budget=16,
          max_new_tokens=64, strategy=None, eb_threshold=0.35, data=None, chat=False):
     """Calibrate and save a graph per (block size, rule) next to the target's weights: the
@@ -245,7 +268,7 @@ def main(target="models/target", block_sizes=(4, 8, 32), threshold=None, prompts
     each block size and the data are checked before the first graph is written; each graph
     file is replaced whole."""
     from prepare import problems
-    from sample import check_block_size, load, make_rule
+    from cli import check_block_size, load, make_rule   # (the command line: cli imports this module)
     util.check_positive(prompts=prompts, budget=budget, max_new_tokens=max_new_tokens)
     for B in block_sizes:
         util.check_positive(block_size=B)

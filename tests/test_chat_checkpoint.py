@@ -13,6 +13,7 @@ import shutil
 import pytest
 import torch
 
+import cli
 import sample
 import spiffy
 from conftest import make_model
@@ -76,12 +77,12 @@ def test_a_template_that_does_not_render_is_one_line(tmp_path):
 
 
 def test_stop_ids_come_from_both_config_files_and_the_tokenizer(dirs):
-    model, tok = sample.load(dirs[0])
+    model, tok = cli.load(dirs[0])
     assert set(model.config.stop_ids) == {ENDOFTEXT, IM_END}        # im_end: tokenizer_config's EOS too
-    model, _ = sample.load(dirs[0], stop_ids=[7, 9])
+    model, _ = cli.load(dirs[0], stop_ids=[7, 9])
     assert model.config.stop_ids == (7, 9)
     with pytest.raises(ValueError, match="--stop-ids: 151669 is not a token id"):
-        sample.load(dirs[0], stop_ids=[MASK])
+        cli.load(dirs[0], stop_ids=[MASK])
 
 
 def run(spec, target, **kw):
@@ -103,10 +104,11 @@ def test_every_decoder_stops_at_an_end_of_turn_id_it_had_not_seen(dirs, tmp_path
     spiffy.main(target=str(stopping), block_sizes=(4,), prompts=3, data=calib, chat=True,
                 max_new_tokens=24)
     assert (stopping / "spiffy_graph_b4_static.json").is_file()
-    outs = {"none": run("none", stopping), "spiffy": run("spiffy", stopping),
-            "none+threshold": run("none", stopping, threshold=0.9),
+    static = dict(strategy="low_confidence_static")   # one token a step; the default is the threshold rule
+    outs = {"none": run("none", stopping, **static), "spiffy": run("spiffy", stopping, **static),
+            "none+threshold": run("none", stopping),
             "simsd": run("simsd", stopping, drafter=tmp_path / "stopping-drafter"),
-            "spiffy+threshold": run("spiffy", stopping, threshold=0.9)}
+            "spiffy+threshold": run("spiffy", stopping)}
     assert outs["none+threshold"] == (free[:first], "stop_id")
     assert outs["simsd"] == outs["none+threshold"]          # lossless on the threshold rule
     assert outs["spiffy+threshold"] == outs["none+threshold"]

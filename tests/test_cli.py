@@ -11,13 +11,14 @@ import sentencepiece as spm
 import torch
 
 import bench
+import cli
 import sample
 import train
 from conftest import tiny_corpus
 from decode import generate
 from model import PRESETS, ModelConfig, Transformer
 from prepare import extract_answer, problems
-from sample import DEFAULT_DRAFTER, DEFAULT_TARGET
+from cli import DEFAULT_DRAFTER, DEFAULT_TARGET
 from speculate import simsd_generate
 from tokenizer import load_tokenizer
 
@@ -48,8 +49,8 @@ def test_shipped_models_reproduce_the_recorded_greedy_output():
     """Guards the checkpoints and the whole decode path against silent changes."""
     fixture = json.loads(FIXTURE.read_text())
     for name, path in (("target", DEFAULT_TARGET), ("drafter", DEFAULT_DRAFTER)):
-        model, tok = sample.load(path)
-        rule = sample.make_rule(model, 4)
+        model, tok = cli.load(path)
+        rule = cli.make_rule(model, 4)
         out, _ = generate(model, tok.encode(fixture["prompt"]), 48, rule, eos_id=tok.eos_id)
         assert out == fixture[name], name
 
@@ -59,9 +60,9 @@ def test_simsd_on_the_embedded_models_commits_many_tokens_per_target_forward():
     forward (commits included; plain decoding: 0.85) and gives the target's own threshold
     decoding; gated SimSD on the one-token rule keeps plain decoding's answers. The figures on
     200 problems are bench.py's (README)."""
-    target, tok = sample.load(DEFAULT_TARGET)
-    drafter, _ = sample.load(DEFAULT_DRAFTER)
-    static, threshold = sample.make_rule(target, 4), sample.make_rule(target, 4, sample.SIMSD_THRESHOLD)
+    target, tok = cli.load(DEFAULT_TARGET)
+    drafter, _ = cli.load(DEFAULT_DRAFTER)
+    static, threshold = cli.make_rule(target, 4), cli.make_rule(target, 4, cli.THRESHOLD)
     tokens = nfe = plain_ok = gated_ok = 0
     for p in problems(30, "test"):
         ids = tok.encode(f"Question: {p['question']}\nAnswer:")
@@ -103,7 +104,7 @@ def test_bench_quick_reports_every_method(capsys):
         assert fields <= set(r), r["method"]
     by = {r["method"]: r for r in rec["results"]}
     assert by["simsd-gated"]["draft_fwd_per_token"] > 0 and by["plain"]["draft_fwd_per_token"] == 0
-    assert by["spiffy"]["same_fraction"] == by["simsd-lossless+threshold"]["same_fraction"] == 1
+    assert by["spiffy+static"]["same_fraction"] == by["simsd-lossless+threshold"]["same_fraction"] == 1
     assert all(r["stops"].get("stop_id", 0) + r["stops"].get("max_new_tokens", 0) == rec["prompts"]
                for r in rec["results"])
 
@@ -121,13 +122,14 @@ def test_the_modelled_gpu_cost_is_a_roofline_of_the_counted_forwards():
 
 
 def test_bench_takes_sample_py_s_spec_names(capsys):
-    """--methods none,simsd,spiffy: the rows of the methods those specs run, same counts."""
+    """--methods none,simsd,spiffy: the rows of the methods those specs run (all on the
+    threshold rule, as sample.py's specs), under those methods' own names."""
     bench.main(**bench.parse_args(["--prompts", "1", "--max-new-tokens", "8", "--methods",
                                    "none,simsd,spiffy"]))
     rec = last_json(capsys.readouterr().out)
-    assert [r["method"] for r in rec["results"]][:3] == ["plain", "simsd-lossless+threshold", "spiffy"]
+    assert [r["method"] for r in rec["results"]] == ["threshold", "simsd-lossless+threshold", "spiffy+threshold"]
     with pytest.raises(ValueError, match="listed twice"):
-        bench.main(methods=("none", "plain"))
+        bench.main(methods=("none", "threshold"))
 
 
 def test_bench_exits_nonzero_when_a_lossless_method_differs(monkeypatch, capsys):
@@ -206,7 +208,8 @@ def test_mark_prompts_keeps_each_question_clean_and_pads_each_answer():
 
 def test_after_answer_counts_only_steps_with_the_answer_complete():
     from decode import DecodeRule
-    rule = train.AfterAnswer(DecodeRule(3, 4), eos_id=2)
+    from report import AfterAnswer
+    rule = AfterAnswer(DecodeRule(3, 4), eos_id=2)
     logits = torch.randn(4, 10)
     for block, counted in (([3, 3, 3, 3], 0), ([5, 2, 3, 3], 1), ([3, 2, 3, 3], 0), ([2, 3, 3, 3], 1),
                            ([5, 6, 3, 3], 0)):
@@ -278,7 +281,7 @@ def test_train_bad_input(tmp_path):
 def test_bench_with_random_positions_still_finds_the_lossless_methods_lossless(capsys):
     """Every run gets a generator seeded alike, so random positions agree across methods."""
     status = bench.main(**bench.parse_args(["--quick", "--strategy", "random", "--methods",
-                                            "plain,simsd-lossless,spiffy"]))
+                                            "plain,simsd-lossless,spiffy+static"]))
     rec = last_json(capsys.readouterr().out)
     assert status == 0 and all(r["same_fraction"] == 1 for r in rec["results"])
 

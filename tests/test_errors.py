@@ -91,7 +91,7 @@ def data_and(path, content):
 
 
 def graph(**changes):
-    return json.dumps(dict(json.loads((TARGET / "spiffy_graph_b4_static.json").read_text()), **changes))
+    return json.dumps(dict(json.loads((TARGET / "spiffy_graph_b4_t0.9.json").read_text()), **changes))
 
 
 WEIGHTS = (TARGET / "model.safetensors").read_bytes()
@@ -164,7 +164,7 @@ CASES = {
     "graph-for-another-block-size": (lambda d: file(d, "g.json", graph(block_size=8)),
                                      "sample.py --spec spiffy --graph {t}", "was calibrated for"),
     "graph-missing": (None, "sample.py --spec spiffy --graph {d}/g.json", "not found"),
-    "shipped-graph-corrupt": (lambda d: target(d, **{"spiffy_graph_b4_static.json": "[]"}),
+    "shipped-graph-corrupt": (lambda d: target(d, **{"spiffy_graph_b4_t0.9.json": "[]"}),
                               "sample.py --spec spiffy --target {t}", "malformed draft graph"),
     # bench.py --data
     "data-missing": (None, "bench.py --methods plain --data {d}/q.jsonl", "not found"),

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+import cli
 import sample
 import util
 from prepare import problems
@@ -54,7 +55,7 @@ def write_tasks(folder):
 def sample_outputs():
     """sample.py's text for each problem's prompt, {spec: texts}: the threshold rule (SimSD's
     default) for both."""
-    tok, texts = load_tokenizer(sample.DEFAULT_TARGET), {}
+    tok, texts = load_tokenizer(cli.DEFAULT_TARGET), {}
     for spec in ("none", "simsd"):
         for p in PROBLEMS:
             with contextlib.redirect_stdout(io.StringIO()):
@@ -156,7 +157,7 @@ def test_the_command_line(harness, tmp_path, monkeypatch, capsys):
 def test_without_lm_eval_a_one_line_error(monkeypatch):
     for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")] + ["lm_eval"]:
         monkeypatch.setitem(sys.modules, name, None)   # None: `import lm_eval...` raises ImportError
-    path = str(sample.ROOT / "harness.py")
+    path = str(cli.ROOT / "harness.py")
     message = "harness.py needs the lm-evaluation-harness: pip install lm-eval"
     with pytest.raises(ImportError, match=f"^{re.escape(message)}$"):
         runpy.run_path(path, run_name="harness")                   # import harness

@@ -1,0 +1,264 @@
+"""What the command lines share (sample.py, bench.py, harness.py, spiffy.py, sol.py, train.py):
+loading a checkpoint (and a drafter that fits it), the decoding rule, compiling, and the flags,
+grouped as --help shows them, each default defined once and each flag checked before any file
+is read. Imports point down: this module imports the decoders, none of them imports it.
+"""
+import logging
+from pathlib import Path
+
+import torch
+
+import util
+from decode import STRATEGIES, DecodeRule
+from model import Transformer
+from speculate import ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, GATE, VERIFIERS, check_settings
+from spiffy import DRAFT_BUDGET
+from tokenizer import check_same_tokenizer, load_tokenizer
+
+ROOT = Path(__file__).parent
+DEFAULT_TARGET, DEFAULT_DRAFTER = ROOT / "models/target", ROOT / "models/drafter"
+# The one default decoding rule, for every method: the threshold rule (low_confidence_dynamic)
+# at 0.9, the fastest plain rule measured here (README), so that `--spec none` and `--spec
+# simsd` compare the same rule. `--strategy low_confidence_static` is SDAR's one token a step.
+THRESHOLD = 0.9
+COMPILE_MODES = ("auto", "static", "dynamic")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def load(path, device="cpu", dtype=None, stop_ids=None):
+    """A checkpoint directory -> (model, tokenizer). Decoding stops at every id the checkpoint
+    lists (config.json's and generation_config.json's eos_token_id) and at the tokenizer's
+    EOS, or at `stop_ids` when given (model.config.stop_ids)."""
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    model = Transformer.from_pretrained(path, device=device, dtype=dtype or torch.float32)
+    c = model.config
+    tok = load_tokenizer(path, mask_id=c.mask_token_id)
+    if tok.vocab_size > c.vocab_size:
+        raise ValueError(f"{path}: tokenizer has {tok.vocab_size} ids, the model only {c.vocab_size}")
+    listed = [*(c.stop_ids or [c.eos_token_id]), *([tok.eos_id] if tok.eos_id is not None else [])]
+    for i in stop_ids or ():
+        if not 0 <= i < tok.vocab_size or i == c.mask_token_id:
+            raise ValueError(f"--stop-ids: {i} is not a token id of {path}'s vocabulary "
+                             f"(0..{tok.vocab_size - 1}, the mask token {c.mask_token_id} excepted)")
+    stops = tuple(dict.fromkeys(listed if stop_ids is None else stop_ids))
+    c.stop_ids = () if stops == (c.eos_token_id,) else stops    # (): eos_token_id alone
+    return model, tok
+
+
+def load_drafter(path, target, tok, block_sizes, device="cpu", dtype=None):
+    """SimSD's drafter, checked against its target: the same tokenizer, vocabulary and mask
+    token, and trained for every block size it will draft at."""
+    drafter, draft_tok = load(path or DEFAULT_DRAFTER, device, dtype)
+    check_same_tokenizer(draft_tok, tok)
+    for B in block_sizes:
+        check_block_size(drafter, B, "drafter")
+    if (drafter.config.vocab_size, drafter.config.mask_token_id) != \
+            (target.config.vocab_size, target.config.mask_token_id):
+        raise ValueError("drafter and target differ in vocabulary size or mask token id")
+    return drafter
+
+
+def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=None, stop_ids=None):
+    """-> (target, tokenizer, drafter or None when `drafter` is None), each checked for every
+    block size and compiled on request (drafter "": the default one)."""
+    tgt, tok = load(target, device, dtype, stop_ids)
+    for B in block_sizes:
+        check_block_size(tgt, B, "target")
+    drf = None if drafter is None else load_drafter(drafter, tgt, tok, block_sizes, device, dtype)
+    for m in (tgt, drf) if compile else ():
+        if m is not None:
+            compile_model(m, compile)
+    return tgt, tok, drf
+
+
+def compile_model(model, how="auto"):
+    """--compile: "static" shapes (model.compile_decoding; CUDA graphs on CUDA), or one
+    "dynamic"-shape graph (model.compile(dynamic=True)); "auto": static on CUDA, dynamic on
+    the CPU (faster there: docs/results.md, "Compiled decoding")."""
+    how = "auto" if how is True else how
+    if how not in COMPILE_MODES:
+        raise ValueError(f"--compile {how!r}: choose from {', '.join(COMPILE_MODES)}")
+    cuda = model.embed.weight.is_cuda
+    if how == "static" or (how == "auto" and cuda):
+        model.compile_decoding(**dict(mode="reduce-overhead") if cuda else {})
+    else:
+        model.compile(dynamic=True)
+
+
+def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
+              steps=None, strategy=None, eb_threshold=0.35):
+    """A DecodeRule: SDAR's static one token per step by default, the threshold rule
+    (low_confidence_dynamic) when a threshold is given, or another of SDAR's strategies."""
+    if threshold is not None and strategy not in (None, "low_confidence_dynamic"):
+        raise ValueError(f"--threshold applies to the threshold rule, not --strategy {strategy}")
+    strategy = strategy or ("low_confidence_dynamic" if threshold else "low_confidence_static")
+    B = block_size or model.config.block_size
+    return DecodeRule(model.config.mask_token_id, B, strategy=strategy, steps=steps,
+                      threshold=THRESHOLD if threshold is None else threshold,
+                      eb_threshold=eb_threshold, temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def default_threshold(threshold, strategy):
+    """The command lines' rule: --threshold, else --strategy, else the threshold rule at THRESHOLD."""
+    return THRESHOLD if threshold is None and strategy is None else threshold
+
+
+class RecompileLimitHits(logging.Handler):
+    """Past its recompile limit, dynamo runs a function eager from then on and says so only
+    in its log: collect those messages, so that a "compiled" run that was not is flagged."""
+
+    def __init__(self):
+        super().__init__()
+        self.hits = []
+        logging.getLogger("torch._dynamo").addHandler(self)
+
+    def emit(self, record):
+        if record.getMessage().startswith("torch._dynamo hit config."):
+            self.hits.append(record.getMessage().splitlines()[0])
+
+    def report(self, counters, graphs_after_warmup):
+        """Printed and returned: graphs compiled in all and after the warm-up (compiles the
+        timed runs paid for), and limit hits (part of the "compiled" run was eager)."""
+        logging.getLogger("torch._dynamo").removeHandler(self)
+        dynamo = dict(unique_graphs=counters["stats"]["unique_graphs"],
+                      graphs_after_warmup=counters["stats"]["unique_graphs"] - graphs_after_warmup,
+                      recompile_limit_hits=len(self.hits))
+        print(f"torch.compile: {dynamo}")
+        if self.hits:
+            print(f"WARNING: {self.hits[0]}: part of the 'compiled' run was eager")
+        return dynamo
+
+
+# ---- checks: every flag before any file is read, in one line each
+
+def check_block_size(model, block_size, name):
+    supported = model.config.block_sizes or (model.config.block_size,)
+    if block_size not in supported:
+        raise ValueError(f"{name} was trained for block size(s) {list(supported)}, not {block_size}")
+
+
+def check_device(device):
+    """A device this code runs on (cpu or cuda), and a GPU when one is asked for."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unknown --device {device!r}; use cpu or cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device} is not supported; use cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda asked for, but no GPU is available")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: there are only {torch.cuda.device_count()} GPU(s)")
+
+
+def check_used(methods, chosen, owners, **given):
+    """Refuse a flag given explicitly (not None) that none of `methods` reads; owners: flag ->
+    the methods that read it; chosen: how the user picked the methods, for the message."""
+    for name, value in given.items():
+        if value is not None and not set(methods) & set(owners[name]):
+            raise ValueError(f"--{name.replace('_', '-')} does nothing with {chosen} (it is for "
+                             f"{', '.join(owners[name])})")
+
+
+def check_unit(**values):
+    """Confidences and probabilities: each None or in (0, 1]."""
+    for name, x in values.items():
+        if x is not None and not 0 < x <= 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be in (0, 1], got {x}")
+
+
+def check_rule(threshold, temperature, top_p, eb_threshold):
+    check_unit(threshold=threshold, top_p=top_p)
+    if not eb_threshold > 0:
+        raise ValueError(f"--eb-threshold must be > 0, got {eb_threshold}")
+    if not temperature >= 0:  # (NaN fails too)
+        raise ValueError(f"--temperature must be >= 0, got {temperature}")
+
+
+SIMSD_FLAGS = ("drafter", "gamma", "verifier", "acceptance", "gate", "draft_threshold", "draft_stop")
+SPIFFY_FLAGS = ("graph", "draft_budget")
+
+
+def check_spec_flags(spec, **flags):
+    """sample.py's and harness.py's method flags: SIMSD_FLAGS for simsd, SPIFFY_FLAGS for
+    spiffy (None: that method's default), each refused by the other methods."""
+    util.check_positive(gamma=flags["gamma"], draft_budget=flags["draft_budget"])
+    check_unit(gate=flags["gate"], draft_threshold=flags["draft_threshold"], draft_stop=flags["draft_stop"])
+    owners = {k: ["simsd"] for k in SIMSD_FLAGS} | {k: ["spiffy"] for k in SPIFFY_FLAGS}
+    shown = {"verifier": "verify", "acceptance": "accept"}    # the flags' names on the command line
+    check_used([spec], f"--spec {spec}", {shown.get(k, k): v for k, v in owners.items()},
+               **{shown.get(k, k): v for k, v in flags.items()})
+    if flags["gate"] is not None and (flags["acceptance"] or "gated") != "gated":
+        raise ValueError(f"--gate does nothing with --accept {flags['acceptance']} (it is for gated)")
+    if spec == "simsd":
+        check_settings(flags["verifier"] or "copies", flags["acceptance"] or "lossless",
+                       flags["gamma"], flags["gate"] or GATE, flags["draft_threshold"] or DRAFT_THRESHOLD,
+                       flags["draft_stop"] or DRAFT_STOP, rope_copy=True, order="tau")
+
+
+# ---- flags, in the groups --help shows
+
+def model_flags(ap, drafter=True):
+    g = ap.add_argument_group("model")
+    g.add_argument("--target", default=str(DEFAULT_TARGET), help="target checkpoint directory (HF layout)")
+    if drafter:
+        g.add_argument("--drafter", default=None, help="simsd: drafter checkpoint (default models/drafter)")
+    g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    g.add_argument("--dtype", default=None, choices=DTYPES, help="weights' dtype (default float32)")
+    g.add_argument("--compile", nargs="?", const="auto", choices=COMPILE_MODES,
+                   help="torch.compile the models: static shapes and CUDA graphs on CUDA, dynamic "
+                        "shapes on the CPU (auto), or say which")
+    g.add_argument("--chat", action="store_true", help="render prompts with the checkpoint's own chat "
+                   "template (tokenizer_config.json's chat_template; ChatML if it has none)")
+    g.add_argument("--stop-ids", default=None, help="comma-separated token ids that end decoding "
+                   "(default: the checkpoint's eos_token_id list, generation_config.json's, and the "
+                   "tokenizer's EOS)")
+    return g
+
+
+def rule_flags(ap, sampling=True):
+    g = ap.add_argument_group("decoding rule (default: the threshold rule at %g)" % THRESHOLD)
+    g.add_argument("--threshold", type=float, default=None,
+                   help=f"the threshold rule (low_confidence_dynamic) at this confidence, in (0, 1] "
+                        f"(default {THRESHOLD})")
+    g.add_argument("--strategy", default=None, choices=STRATEGIES,
+                   help="another of SDAR's strategies instead; low_confidence_static is one token a step")
+    g.add_argument("--eb-threshold", type=float, default=0.35,
+                   help="entropy_bounded: bound on the summed entropy of a step's reveals")
+    if sampling:
+        g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+        g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
+        g.add_argument("--top-p", type=float, default=None, help="nucleus sampling: the top-p mass")
+        g.add_argument("--seed", type=int, default=0, help="for sampling (and random strategies)")
+    return g
+
+
+def simsd_flags(ap, variants=True):
+    """SimSD's settings; variants: also --gamma, --verify and --accept (sample.py picks a
+    variant by flags, bench.py by method name)."""
+    g = ap.add_argument_group("SimSD (a drafter proposes, the target verifies)")
+    if variants:
+        g.add_argument("--gamma", type=int, default=None, help="max drafted tokens a round (default B)")
+        g.add_argument("--verify", dest="verifier", default=None, choices=VERIFIERS,
+                       help="temporal = the paper's one-mask forward (2B queries); copies = the "
+                            "drafter's states as exact block copies (default)")
+        g.add_argument("--accept", dest="acceptance", default=None, choices=ACCEPTS,
+                       help="paper = accept on agreement; gated = only where the target is sure; "
+                            "lossless (default) = the target's own decoding, token for token")
+    g.add_argument("--gate", type=float, default=None,
+                   help=f"gated acceptance: the target confidence to accept at (default {GATE})")
+    g.add_argument("--draft-threshold", type=float, default=None,
+                   help=f"the drafter also drafts every position above this confidence (default {DRAFT_THRESHOLD})")
+    g.add_argument("--draft-stop", type=float, default=None,
+                   help=f"stop drafting when the drafter's best confidence falls below this (default {DRAFT_STOP})")
+    return g
+
+
+def spiffy_flags(ap, graph=True):
+    g = ap.add_argument_group("Spiffy (drafts from the target itself)")
+    if graph:
+        g.add_argument("--graph", default=None, help="draft graph JSON (default: next to the target)")
+    g.add_argument("--draft-budget", type=int, default=None,
+                   help=f"D*: draft-graph nodes verified a forward (default {DRAFT_BUDGET})")
+    return g

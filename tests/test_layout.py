@@ -1,0 +1,69 @@
+"""The shape of the code a reader meets: imports that point one way (no module imports one
+that imports it back, even through others), and the size budgets of the README."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODULES = {p.stem: p for p in ROOT.glob("*.py")}
+BUDGETS = {"sample.py": 150, "bench.py": 300, "model.py": 350, "train.py": 350}
+
+
+def imports(path, top_level_only=True):
+    """The project modules `path` imports (at module level only, unless told otherwise)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names & set(MODULES)
+
+
+def find_cycle(graph):
+    """A list of modules forming an import cycle, or None."""
+    state = {}
+
+    def visit(m, path):
+        state[m] = "open"
+        for n in sorted(graph[m]):
+            if state.get(n) == "open":
+                return path[path.index(n):] + [n] if n in path else [m, n]
+            if n not in state and (cycle := visit(n, path + [n])):
+                return cycle
+        state[m] = "done"
+        return None
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m, [m])):
+            return cycle
+    return None
+
+
+def test_no_import_cycles():
+    graph = {m: imports(p) for m, p in MODULES.items()}
+    assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_decoders_import_no_command_line():
+    """decode, verify, speculate, spiffy, mask and model never import the tools above them
+    at module level (spiffy.py's calibration command loads its checkpoint through cli)."""
+    tools = {"cli", "sample", "bench", "harness", "sol", "train", "plot"}
+    for m in ("mask", "model", "checkpoint", "decode", "verify", "speculate", "spiffy", "tokenizer"):
+        assert not imports(MODULES[m]) & tools, m
+
+
+def test_size_budgets():
+    for name, budget in BUDGETS.items():
+        n = len((ROOT / name).read_text().splitlines())
+        assert n <= budget, f"{name} has {n} lines, over its budget of {budget}"
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                assert n <= 60, f"{path.name}: {node.name} is {n} lines, over 60"

@@ -56,18 +56,19 @@ def simsd_temporal(prefix, n_commit, step, is_slot):
     return simsd_temporal_mask
 
 
-def spiffy_copies(prefix, n_commit, block_size):
-    """Spiffy's verification mask (docs/design.md, section 4): queries are
-    [finished block (n_commit rows) ; X_t ; node_1 ; ... ; node_n], each copy one block long.
+def block_copies(prefix, n_commit, block_size):
+    """The exact verification mask of Spiffy and of SimSD's default verifier (docs/design.md,
+    section 4): queries are [finished block (n_commit rows) ; X_t ; copy_1 ; ... ; copy_n], each
+    copy one block long (Spiffy's graph nodes, or the drafter's states).
     A copy sees the cache, the finished block and itself (bidirectionally), no other copy, so
     every copy gets exactly the logits the target computes in that state."""
     shared = torch.as_tensor(prefix + n_commit)
     n_commit = torch.as_tensor(n_commit)
 
-    def spiffy_copies_mask(b, h, q_idx, kv_idx):
+    def block_copies_mask(b, h, q_idx, kv_idx):
         same_copy = (q_idx - n_commit) // block_size == (kv_idx - shared) // block_size
         return (kv_idx < shared) | ((q_idx >= n_commit) & (kv_idx >= shared) & same_copy)
-    return spiffy_copies_mask
+    return block_copies_mask
 
 
 def bd3lm_training(block_size, n):
@@ -141,7 +142,7 @@ def examples(B=4):
          simsd_temporal(C, 0, step[:2 * B - 1], is_slot[:2 * B - 1]), 2 * B - 1, C + 2 * B - 1, sec,
          [("cache", C), ("data", B), ("slots", B - 1)]),
         ("Block copies (Spiffy, lossless SimSD): [X_t ; copy 1 ; copy 2], each sees the cache "
-         "and itself", spiffy_copies(C, 0, B), 3 * B, C + 3 * B,
+         "and itself", block_copies(C, 0, B), 3 * B, C + 3 * B,
          [f"{c}{i}" for c in ("X", "a", "b") for i in range(B)],
          [("cache", C), ("X_t", B), ("copy 1", B), ("copy 2", B)]),
     ]

@@ -100,7 +100,7 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
     return Draft(*(torch.cat(x) for x in zip(*rows)), tau)
 
 
-def verify(sess, block, pos, d, rule, rope_copy=True):
+def verify_temporal(sess, block, pos, d, rule, rope_copy=True):
     """The temporal verifier: ONE target forward over [data section | mask section];
     -> (n_slots, V) logits, the drafted positions' slots first (in d's order), then one per
     undrafted masked position."""
@@ -146,7 +146,7 @@ def correct(p_target, p_draft, rule, generator=None):
     return torch.multinomial(residual / residual.sum(), 1, generator=generator)[0]
 
 
-def accept(logits, block, d, rule, generator=None):
+def accept_temporal(logits, block, d, rule, generator=None):
     """The paper's rule on the temporal verifier's slots, along tau; -> (new block, accepted)."""
     n = len(d.pos)
     p_target = rule.probs(logits)                                    # (n_slots, V)
@@ -273,13 +273,15 @@ def simsd_round(tsess, dsess, block, pos, n_masked, step, rule, accept_drafts, d
 
 def temporal_round(tsess, dsess, block, pos, rule, draft_kw, order="tau", rope_copy=True, generator=None):
     """One round of the paper's own path (verifier "temporal"): draft, ONE target forward over
-    [data section | mask section] (verify), the paper's rule along the step map (accept).
+    [data section | mask section] (verify_temporal), the paper's rule along the step map
+    (accept_temporal).
     order="position", rope_copy=False: the paper's ablations. -> (new block, drafts accepted)."""
     d = draft(dsess, block, pos, rule, **draft_kw)
     if order == "position":                                          # ablation: left to right
         d = Draft(*(t[d.pos.argsort()] for t in (d.pos, d.tokens, d.p_draft)),
                   torch.arange(1, len(d.pos) + 1, device=d.pos.device))
-    return accept(verify(tsess, block, pos, d, rule, rope_copy), block, d, rule, generator)
+    logits = verify_temporal(tsess, block, pos, d, rule, rope_copy)
+    return accept_temporal(logits, block, d, rule, generator)
 
 
 def check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order):

@@ -10,7 +10,7 @@ block's future states, built from the target's own last distribution.
     followed each state, keep the connected subgraph of the D most frequent ones (JSON).
   - Each round: from the distribution of the last verified state, build the nodes of the
     graph on top of the current state, keep the D* best (geometric-mean score), run ONE
-    forward over [current block ; node copies] (mask.spiffy_copies: each copy sees the cache
+    forward over [current block ; node copies] (mask.block_copies: each copy sees the cache
     and itself, so each gets exactly the logits the target computes in that state), then
     walk: apply the decoding rule to the current logits; while the new state is a verified
     node, continue from that node's logits.

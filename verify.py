@@ -2,7 +2,7 @@
 copies of guessed states, then plain decoding's rule walked through them.
 
 - verify_copies: the query is [X_t ; s_1 ; ... ; s_n], each copy a full block at the block's
-  own positions, attending to the cache and to itself only (mask.spiffy_copies). Attention is
+  own positions, attending to the cache and to itself only (mask.block_copies). Attention is
   block-causal, so a block never sees anything after it: each copy's logits are exactly the
   target's in that state, at any depth.
 - The logits are packed: the head runs at the copies' masked positions only, all that the rule
@@ -28,7 +28,7 @@ def verify_copies(sess, copies, pos, counts, mask_id):
     counts: each copy's number of masked positions (host ints). -> (sum(counts), V) logits
     at the masked positions only, copy by copy, in order (packed: decode.packed_rows)."""
     n, B = copies.shape
-    return sess.forward(copies.flatten(), pos.repeat(n), lambda c, k: masks.spiffy_copies(c, k, B),
+    return sess.forward(copies.flatten(), pos.repeat(n), lambda c, k: masks.block_copies(c, k, B),
                         keep=n * B, rows=packed_rows(copies, mask_id, sum(counts)))
 
 

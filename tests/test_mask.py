@@ -64,7 +64,7 @@ def ref_simsd_temporal(prefix, n_commit, step, is_slot):
     return torch.tensor(rows, dtype=torch.bool)
 
 
-def ref_spiffy_copies(prefix, n_commit, block_size, q_len):
+def ref_block_copies(prefix, n_commit, block_size, q_len):
     """DESIGN 4. Queries = [finished block (n_commit) ; X_t ; node_1 ; ...], each copy one
     block long; a copy sees the cache, the finished block and itself, no other copy."""
     kv_len = prefix + q_len
@@ -132,9 +132,9 @@ def cases():
             out.append((f"simsd_temporal-q{q_len}-p{prefix}-c{n_commit}", mod, ref,
                         q_len, prefix + q_len))
         for prefix, n_commit, block_size in ((0, 0, 4), (40, 0, 8), (0, 4, 4), (133, 8, 8)):
-            mod = mask.spiffy_copies(prefix, n_commit, block_size)
-            ref = ref_spiffy_copies(prefix, n_commit, block_size, q_len)
-            out.append((f"spiffy_copies-B{block_size}-q{q_len}-p{prefix}-c{n_commit}", mod, ref,
+            mod = mask.block_copies(prefix, n_commit, block_size)
+            ref = ref_block_copies(prefix, n_commit, block_size, q_len)
+            out.append((f"block_copies-B{block_size}-q{q_len}-p{prefix}-c{n_commit}", mod, ref,
                         q_len, prefix + q_len))
     for n in (49, 65, 95):                           # 2n = 98, 130, 190
         for block_size in (4, 8):

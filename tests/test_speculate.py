@@ -23,7 +23,8 @@ import mask
 import speculate
 from decode import DecodeRule, Session, generate
 from model import PRESETS
-from speculate import Draft, accept, simsd_generate, verify
+from speculate import Draft, simsd_generate
+from speculate import accept_temporal as accept, verify_temporal as verify
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 VOCAB = PRESETS["tiny"]["vocab_size"]
@@ -354,8 +355,8 @@ def run_recorded(monkeypatch, target, drafter, prompt, max_new, **kwargs):
         new, n = accept(logits, block, d, rule, generator)
         rounds[-1].update(accepted=n, drafted=len(d.pos))
         return new, n
-    monkeypatch.setattr(speculate, "verify", spy_verify)
-    monkeypatch.setattr(speculate, "accept", spy_accept)
+    monkeypatch.setattr(speculate, "verify_temporal", spy_verify)
+    monkeypatch.setattr(speculate, "accept_temporal", spy_accept)
     kwargs = dict(dict(verifier="temporal", acceptance="paper", draft_threshold=None,
                        draft_stop=None), **kwargs)
     out, stats = simsd_generate(target, drafter, prompt, max_new, **kwargs)

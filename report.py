@@ -1,6 +1,7 @@
-"""The quality figures of docs/results.md (`python train.py --report`): held-out masked-token
-loss (`evaluate`, which training logs too), greedy accuracy on held-out problems with how often
-an answer's people and things come from its question, and drafter/target agreement."""
+"""The quality figures of docs/results.md (`python train.py --report`, or `python report.py
+--target DIR` for another pair): held-out masked-token loss (`evaluate`, which training logs
+too), greedy accuracy on held-out problems with how often an answer's people and things come
+from its question, and drafter/target agreement."""
 from pathlib import Path
 
 import torch
@@ -122,3 +123,17 @@ def report(target_dir="models/target", drafter_dir="models/drafter", data_dir="d
         for split, (path, answer_ids) in val.items():
             tok_agree, block_agree = agreement(target, drafter, path, B, answer_ids)
             print(f"agreement B={B} {split}: per token {tok_agree:.3f}, whole block {block_agree:.3f}")
+
+
+if __name__ == "__main__":
+    import argparse
+    import util
+    ap = util.ArgumentParser(description="The quality figures of a target/drafter pair "
+                             "(python train.py --report: the embedded pair).")
+    ap.add_argument("--target", default="models/target", help="target checkpoint directory")
+    ap.add_argument("--drafter", default="models/drafter", help="drafter checkpoint directory")
+    ap.add_argument("--data-dir", default="data", help="prepare.py's output")
+    ap.add_argument("--problems", type=int, default=200, help="held-out problems to decode")
+    a = ap.parse_args()
+    util.run(lambda: util.check_positive(problems=a.problems)
+             or report(a.target, a.drafter, a.data_dir, a.problems))

@@ -67,7 +67,7 @@ def test_compiled_decoding_does_not_recompile_after_warm_up(method, static):
 
 def test_the_bench_sees_dynamo_fall_back_to_eager():
     """Past the recompile limit dynamo silently runs eager; bench.py must notice."""
-    from bench import RecompileLimitHits
+    from cli import RecompileLimitHits
     torch._dynamo.reset()
     hits = RecompileLimitHits()
     cfg = torch._dynamo.config

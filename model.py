@@ -258,11 +258,11 @@ class Transformer(nn.Module):
         return self.norm(x)
 
     def head(self, x):
-        """Logits (fp32). On a CPU with 4-15 rows, as (W @ x^T)^T: the same product, but MKL's
-        x @ W^T is slow in that band at a large vocabulary (at 151,936 x 256, 10 rows take
-        twice as long as 16; docs/results.md, `python docs/rows.py`)."""
+        """Logits (fp32). On a CPU with 4-15 rows and a large vocabulary, as (W @ x^T)^T: the
+        same product, but MKL's x @ W^T is slow there (at 151,936 x 256, 10 rows take twice as
+        long as 16; at 2,048 x 256 the plain form is the faster; docs/results.md)."""
         w, rows = self.lm_head.weight, x.shape[:-1].numel()
-        if x.is_cuda or not 4 <= rows < 16:
+        if x.is_cuda or not 4 <= rows < 16 or len(w) < 65536:
             return F.linear(x, w).float()
         return (w @ x.reshape(rows, -1).T).T.contiguous().view(*x.shape[:-1], -1).float()
 

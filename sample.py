@@ -10,8 +10,8 @@
 Every method decodes with the same rule unless told otherwise: the threshold rule at 0.9
 (cli.THRESHOLD). SimSD and Spiffy keep that rule's output token for token; they only change
 how many target forwards it takes. Text is printed block by block as it is committed, then a
-one-line summary (decoding time without loading); with --json the last line is one JSON
-object. Bad input is one line `error: ...` on stderr and a non-zero exit status.
+one-line summary (decoding time without loading and a warm-up block, which are timed apart);
+with --json the last line is one JSON object. Bad input is one line `error: ...` on stderr and a non-zero exit status.
 """
 import argparse
 import json
@@ -68,7 +68,7 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
 
 def summary(spec, stats, rule, load_s):
     s = (f"--- {stats['tokens']} tokens in {stats['seconds']:.2f} s "
-         f"({stats['tokens'] / stats['seconds']:.1f} tok/s; loading took {load_s:.1f} s more), "
+         f"({stats['tokens'] / stats['seconds']:.1f} tok/s; loading and a warm-up block {load_s:.1f} s more), "
          f"{rule.describe()}, target NFE {stats['nfe']} ({stats['tokens'] / stats['nfe']:.2f} "
          f"tokens/forward), ended by {'a stop id' if stats['stop'] == 'stop_id' else stats['stop']}")
     if spec == "simsd":
@@ -99,6 +99,7 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
         print(f"note: {target} has no chat_template; the prompt is in ChatML", file=sys.stderr)
     ids = tok.encode(text)
     check_prompt(ids, model.config, max_new_tokens, device)
+    run(ids, rule.block_size, generator=torch.Generator(device=device).manual_seed(seed))   # warm-up
     load_s, shown = time.perf_counter() - t0, []
 
     def on_block(new):  # print as blocks are committed (decode the whole text: multi-byte pieces)

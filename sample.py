@@ -11,7 +11,8 @@ Every method decodes with the same rule unless told otherwise: the threshold rul
 (cli.THRESHOLD). SimSD and Spiffy keep that rule's output token for token; they only change
 how many target forwards it takes. Text is printed block by block as it is committed, then a
 one-line summary (decoding time without loading and a warm-up block, which are timed apart);
-with --json the last line is one JSON object. Bad input is one line `error: ...` on stderr and a non-zero exit status.
+with --json the last line is one JSON object. Bad input is one line `error: ...` on stderr
+and a non-zero exit status.
 """
 import argparse
 import json
@@ -99,7 +100,8 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
         print(f"note: {target} has no chat_template; the prompt is in ChatML", file=sys.stderr)
     ids = tok.encode(text)
     check_prompt(ids, model.config, max_new_tokens, device)
-    run(ids, rule.block_size, generator=torch.Generator(device=device).manual_seed(seed))   # warm-up
+    warm_up = torch.Generator(device).manual_seed(seed)
+    run(ids, min(rule.block_size, max_new_tokens), generator=warm_up)   # one block, untimed
     load_s, shown = time.perf_counter() - t0, []
 
     def on_block(new):  # print as blocks are committed (decode the whole text: multi-byte pieces)

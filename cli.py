@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 import util
-from decode import STRATEGIES, DecodeRule
+from decode import EB_THRESHOLD, STRATEGIES, DecodeRule
 from model import Transformer
 from speculate import ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, GATE, VERIFIERS, check_settings
 from spiffy import DRAFT_BUDGET
@@ -87,7 +87,7 @@ def compile_model(model, how="auto"):
 
 
 def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
-              steps=None, strategy=None, eb_threshold=0.35):
+              steps=None, strategy=None, eb_threshold=EB_THRESHOLD):
     """A DecodeRule: SDAR's static one token per step by default, the threshold rule
     (low_confidence_dynamic) when a threshold is given, or another of SDAR's strategies."""
     if threshold is not None and strategy not in (None, "low_confidence_dynamic"):
@@ -224,7 +224,7 @@ def rule_flags(ap, sampling=True):
                         f"(default {THRESHOLD})")
     g.add_argument("--strategy", default=None, choices=STRATEGIES,
                    help="another of SDAR's strategies instead; low_confidence_static is one token a step")
-    g.add_argument("--eb-threshold", type=float, default=0.35,
+    g.add_argument("--eb-threshold", type=float, default=EB_THRESHOLD,
                    help="entropy_bounded: bound on the summed entropy of a step's reveals")
     if sampling:
         g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

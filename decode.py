@@ -19,6 +19,10 @@ import torch
 import torch.nn.functional as F
 
 import mask as masks
+
+EB_THRESHOLD = 0.35   # entropy_bounded's bound on a step's summed entropy (SDAR's default)
+
+
 @dataclass
 class DecodeRule:
     """One denoising step of SDAR's decoder: from a block's logits to its next state.
@@ -47,7 +51,7 @@ class DecodeRule:
     strategy: str = "low_confidence_static"
     steps: int = None              # per block; default block_size (one token per step)
     threshold: float = 0.9
-    eb_threshold: float = 0.35     # entropy_bounded's bound on summed entropy (SDAR's default)
+    eb_threshold: float = EB_THRESHOLD   # entropy_bounded's bound on summed entropy
     temperature: float = 0.0       # 0: greedy
     top_k: int = None
     top_p: float = None

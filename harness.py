@@ -50,7 +50,7 @@ NO_CHAT_HISTORY = ("sdar-spec renders no chat history: instead of --apply_chat_t
 SETTINGS = dict(  # model_arg -> (type, default); None as in sample.py: that method's default
     target=(Path, cli.DEFAULT_TARGET), drafter=(Path, None), spec=(str, "simsd"),
     block_size=(int, None), threshold=(float, None), strategy=(str, None), temperature=(float, 0.0),
-    top_k=(int, None), top_p=(float, None), eb_threshold=(float, 0.35), gamma=(int, None),
+    top_k=(int, None), top_p=(float, None), eb_threshold=(float, cli.EB_THRESHOLD), gamma=(int, None),
     verify=(str, None), accept=(str, None), gate=(float, None), draft_threshold=(float, None),
     draft_stop=(float, None), graph=(Path, None), draft_budget=(int, None), stop_ids=(tuple, None),
     seed=(int, 0), device=(str, None), dtype=(str, None), compile=(str, None), chat=(bool, False),

@@ -82,7 +82,7 @@ def summary(spec, stats, rule, load_s):
 def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
          block_size=None, threshold=None, strategy=None, max_new_tokens=64, seed=0, device="cpu",
          dtype=None, compile=False, chat=False, as_json=False, stop_ids=None, graph=None,
-         temperature=0.0, top_k=None, top_p=None, eb_threshold=0.35, **method):
+         temperature=0.0, top_k=None, top_p=None, eb_threshold=cli.EB_THRESHOLD, **method):
     """method: SimSD's cli.SIMSD_FLAGS and Spiffy's cli.SPIFFY_FLAGS but graph (None = the
     default; an error when given to a method that does not use them)."""
     flags = {k: method.pop(k, None) for k in cli.SIMSD_FLAGS + cli.SPIFFY_FLAGS if k != "graph"}

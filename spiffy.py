@@ -35,7 +35,8 @@ import torch
 from tqdm import tqdm
 
 import util
-from decode import STRATEGIES, DecodeRule, Session, check_prompt, decode, packed_index, stop_ids, to_device
+from decode import (EB_THRESHOLD, STRATEGIES, DecodeRule, Session, check_prompt, decode, packed_index,
+                    stop_ids, to_device)
 from verify import verify_copies, walk
 
 DRAFT_BUDGET = 8   # D*: the most draft-graph nodes verified a forward
@@ -259,7 +260,7 @@ def graphs_for(target_dir, target, calib_prompts, note):
 
 
 def main(target="models/target", block_sizes=(4, 8, 32), threshold=None, prompts=50, budget=16,
-         max_new_tokens=64, strategy=None, eb_threshold=0.35, data=None, chat=False):
+         max_new_tokens=64, strategy=None, eb_threshold=EB_THRESHOLD, data=None, chat=False):
     """Calibrate and save a graph per (block size, rule) next to the target's weights: the
     static and threshold (0.9) rules, or the threshold rule at `threshold`, or one other of
     SDAR's strategies. Prompts: the first `prompts` training-split problems, or the first
@@ -315,7 +316,7 @@ if __name__ == "__main__":
                          "static rule and the threshold rule at 0.9)")
     ap.add_argument("--strategy", default=None, choices=STRATEGIES,
                     help="calibrate for this SDAR strategy only")
-    ap.add_argument("--eb-threshold", type=float, default=0.35, help="entropy_bounded's bound")
+    ap.add_argument("--eb-threshold", type=float, default=EB_THRESHOLD, help="entropy_bounded's bound")
     a = ap.parse_args()
     if not a.calibrate:
         ap.error("nothing to do: pass --calibrate")

@@ -192,18 +192,16 @@ def check_spec_flags(spec, **flags):
     if flags["gate"] is not None and (flags["acceptance"] or "gated") != "gated":
         raise ValueError(f"--gate does nothing with --accept {flags['acceptance']} (it is for gated)")
     if spec == "simsd":
-        check_settings(flags["verifier"] or "copies", flags["acceptance"] or "lossless",
-                       flags["gamma"], flags["gate"] or GATE, flags["draft_threshold"] or DRAFT_THRESHOLD,
-                       flags["draft_stop"] or DRAFT_STOP, rope_copy=True, order="tau")
+        check_settings(flags["verifier"] or "copies", flags["acceptance"] or "lossless", flags["gamma"],
+                       flags["gate"], flags["draft_threshold"], flags["draft_stop"], rope_copy=True, order="tau")
 
 
 # ---- flags, in the groups --help shows
 
-def model_flags(ap, drafter=True):
+def model_flags(ap):
     g = ap.add_argument_group("model")
     g.add_argument("--target", default=str(DEFAULT_TARGET), help="target checkpoint directory (HF layout)")
-    if drafter:
-        g.add_argument("--drafter", default=None, help="simsd: drafter checkpoint (default models/drafter)")
+    g.add_argument("--drafter", default=None, help="simsd: drafter checkpoint (default models/drafter)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     g.add_argument("--dtype", default=None, choices=DTYPES, help="weights' dtype (default float32)")
     g.add_argument("--compile", nargs="?", const="auto", choices=COMPILE_MODES,
@@ -217,7 +215,7 @@ def model_flags(ap, drafter=True):
     return g
 
 
-def rule_flags(ap, sampling=True):
+def rule_flags(ap):
     g = ap.add_argument_group("decoding rule (default: the threshold rule at %g)" % THRESHOLD)
     g.add_argument("--threshold", type=float, default=None,
                    help=f"the threshold rule (low_confidence_dynamic) at this confidence, in (0, 1] "
@@ -226,11 +224,10 @@ def rule_flags(ap, sampling=True):
                    help="another of SDAR's strategies instead; low_confidence_static is one token a step")
     g.add_argument("--eb-threshold", type=float, default=EB_THRESHOLD,
                    help="entropy_bounded: bound on the summed entropy of a step's reveals")
-    if sampling:
-        g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-        g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
-        g.add_argument("--top-p", type=float, default=None, help="nucleus sampling: the top-p mass")
-        g.add_argument("--seed", type=int, default=0, help="for sampling (and random strategies)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus sampling: the top-p mass")
+    g.add_argument("--seed", type=int, default=0, help="for sampling (and random strategies)")
     return g
 
 

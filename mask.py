@@ -56,18 +56,28 @@ def simsd_temporal(prefix, n_commit, step, is_slot):
     return simsd_temporal_mask
 
 
-def block_copies(prefix, n_commit, block_size):
+def block_copies(prefix, n_commit, block_size, sees=None):
     """The exact verification mask of Spiffy and of SimSD's default verifier (docs/design.md,
-    section 4): queries are [finished block (n_commit rows) ; X_t ; copy_1 ; ... ; copy_n], each
-    copy one block long (Spiffy's graph nodes, or the drafter's states).
-    A copy sees the cache, the finished block and itself (bidirectionally), no other copy, so
-    every copy gets exactly the logits the target computes in that state."""
+    section 4): queries are [finished blocks (n_commit rows) ; copy_0 ; ... ; copy_n], each copy
+    one block long: a state of the current block (Spiffy's graph nodes, or the drafter's states),
+    or a state of a later block, reached through complete copies of the blocks before it.
+    A copy sees the cache, the finished blocks, itself (bidirectionally) and the copies `sees`
+    names: sees[q, k] (a bool tensor, at least n x n; default: the identity) is True where copy
+    q sees copy k, its own earlier blocks. The finished blocks are block-causal, as in plain
+    decoding. So every copy gets exactly the logits the target computes in that state."""
     shared = torch.as_tensor(prefix + n_commit)
-    n_commit = torch.as_tensor(n_commit)
+    prefix, n_commit = torch.as_tensor(prefix), torch.as_tensor(n_commit)
 
     def block_copies_mask(b, h, q_idx, kv_idx):
-        same_copy = (q_idx - n_commit) // block_size == (kv_idx - shared) // block_size
-        return (kv_idx < shared) | ((q_idx >= n_commit) & (kv_idx >= shared) & same_copy)
+        qc, kc = (q_idx - n_commit) // block_size, (kv_idx - shared) // block_size
+        if sees is None:
+            related = qc == kc
+        else:                                         # clamp: flex pads indices past the end
+            last = sees.shape[0] - 1
+            related = sees[qc.clamp(0, last), kc.clamp(0, last)]
+        finished = (kv_idx < prefix) | ((kv_idx - prefix) // block_size <= q_idx // block_size)
+        return torch.where(q_idx < n_commit, (kv_idx < shared) & finished,   # block-causal
+                           (kv_idx < shared) | ((kv_idx >= shared) & related))
     return block_copies_mask
 
 
@@ -145,6 +155,10 @@ def examples(B=4):
          "and itself", block_copies(C, 0, B), 3 * B, C + 3 * B,
          [f"{c}{i}" for c in ("X", "a", "b") for i in range(B)],
          [("cache", C), ("X_t", B), ("copy 1", B), ("copy 2", B)]),
+        ("Across the boundary: copy 1 completes the block, copy 2 is the next block after it "
+         "(sees copy 1)", block_copies(C, 0, B, torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]]).bool()),
+         3 * B, C + 3 * B, [f"{c}{i}" for c in ("X", "a", "n") for i in range(B)],
+         [("cache", C), ("X_t", B), ("copy 1", B), ("next", B)]),
     ]
 
 
@@ -157,7 +171,8 @@ def save_png(path, B=4):
     except ImportError:
         raise ValueError("--png needs matplotlib (pip install matplotlib)") from None
     cases = examples(B)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 9))
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    axes.flat[-1].axis("off")
     for ax, (title, mod, q_len, kv_len, q_labels, kv_groups) in zip(axes.flat, cases):
         ax.imshow(dense_mask(mod, q_len, kv_len).numpy(), cmap="Blues", vmin=0, vmax=1.3)
         ax.set_yticks(range(q_len), q_labels, fontsize=8)

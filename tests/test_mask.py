@@ -64,22 +64,39 @@ def ref_simsd_temporal(prefix, n_commit, step, is_slot):
     return torch.tensor(rows, dtype=torch.bool)
 
 
-def ref_block_copies(prefix, n_commit, block_size, q_len):
-    """DESIGN 4. Queries = [finished block (n_commit) ; X_t ; node_1 ; ...], each copy one
-    block long; a copy sees the cache, the finished block and itself, no other copy."""
+def ref_block_copies(prefix, n_commit, block_size, q_len, sees=None):
+    """DESIGN 4. Queries = [finished blocks (n_commit) ; copy_0 ; copy_1 ; ...], each copy one
+    block long; a copy sees the cache, the finished blocks, itself and the copies sees[q][k]
+    names (default none); the finished blocks are block-causal among themselves."""
     kv_len = prefix + q_len
     rows = []
     for i in range(q_len):
         row = []
         for j in range(kv_len):
-            if j < prefix + n_commit:
+            if j < prefix:
                 row.append(True)
             elif i < n_commit:
-                row.append(False)
+                row.append(j < prefix + n_commit and (j - prefix) // block_size <= i // block_size)
+            elif j < prefix + n_commit:
+                row.append(True)
             else:
-                row.append((i - n_commit) // block_size == (j - prefix - n_commit) // block_size)
+                qc, kc = (i - n_commit) // block_size, (j - prefix - n_commit) // block_size
+                row.append(qc == kc or bool(sees is not None and sees[qc][kc]))
         rows.append(row)
     return torch.tensor(rows, dtype=torch.bool)
+
+
+def copy_tree(n, seed):
+    """A random tree of n copies: copy i's parent is an earlier copy or none; -> the (n, n)
+    sees matrix, each copy seeing itself and its ancestors, padded to 16 x 16."""
+    g = random.Random(seed)
+    parent = [-1] + [g.randrange(-1, i) for i in range(1, n)]
+    sees = torch.zeros(max(n, 16), max(n, 16), dtype=torch.bool)
+    for i in range(n):
+        a = i
+        while a >= 0:
+            sees[i, a], a = True, parent[a]
+    return sees
 
 
 def ref_bd3lm_training(block_size, n):
@@ -135,6 +152,13 @@ def cases():
             mod = mask.block_copies(prefix, n_commit, block_size)
             ref = ref_block_copies(prefix, n_commit, block_size, q_len)
             out.append((f"block_copies-B{block_size}-q{q_len}-p{prefix}-c{n_commit}", mod, ref,
+                        q_len, prefix + q_len))
+        for prefix, n_commit, block_size in ((0, 0, 4), (40, 8, 4), (133, 16, 8)):   # 2 finished
+            n = -(-(q_len - n_commit) // block_size)
+            sees = copy_tree(n, seed=q_len + prefix)
+            mod = mask.block_copies(prefix, n_commit, block_size, sees)
+            ref = ref_block_copies(prefix, n_commit, block_size, q_len, sees.tolist())
+            out.append((f"block_copies_tree-B{block_size}-q{q_len}-p{prefix}-c{n_commit}", mod, ref,
                         q_len, prefix + q_len))
     for n in (49, 65, 95):                           # 2n = 98, 130, 190
         for block_size in (4, 8):

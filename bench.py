@@ -14,11 +14,12 @@ compares it with `threshold`, the others with `plain`, one token a step):
 simsd-paper against simsd-exact is the order-versus-leak experiment (docs/results.md).
 
 Per row: tokens/s and its ratio to `threshold` and `sdar` in this run, forwards per token,
-tokens per target forward (and its fraction of B, one forward a block's limit), accuracy,
-and "same": the share of prompts whose output is its plain counterpart's. Prompts are
-interleaved, warm-up is timed apart, wall time is the median over --repeats; the last line
-is one JSON object. Exit status 1 if a lossless method (sdar, simsd-lossless, spiffy)
-differs from its counterpart in fp32 (in bf16 "same" is an agreement rate).
+tokens per target forward (and its fraction of the limit B (1 + K), K the blocks a round can
+reach past its own: SimSD's --lookahead, Spiffy's 1), accuracy, and "same": the share of
+prompts whose output is its plain counterpart's. Prompts are interleaved, warm-up is timed
+apart, wall time is the median over --repeats; the last line is one JSON object. Exit status
+1 if a lossless method (sdar, simsd-lossless, spiffy) differs from its counterpart in fp32
+(in bf16 "same" is an agreement rate).
 
     python bench.py --block-size 4,8,32 --prompts 40 --repeats 2 --out docs/bench.json
     python bench.py --quick                # smoke test, < 60 s on 2 CPU cores
@@ -41,7 +42,7 @@ import util
 from decode import STRATEGIES, generate
 from prepare import calibration_prompts, extract_answer, load_tasks
 from sol import GPU_MODEL, modelled_gpu_cost, preset_params  # noqa: F401 (the bench's GPU column)
-from speculate import simsd_generate
+from speculate import check_settings, simsd_generate
 from spiffy import DRAFT_BUDGET, graphs_for, spiffy_generate
 
 PAPER_DRAFTS = dict(draft_threshold=None, draft_stop=None)   # gamma = B drafts, one a forward
@@ -81,8 +82,7 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     seeded alike, so that `random` positions are comparable across methods."""
     base, threshold = parse_method(method)
     rule = cli.make_rule(target, B, cli.THRESHOLD if threshold else None, strategy=None if threshold else strategy)
-    device = target.embed.weight.device
-    seeded = lambda: torch.Generator(device).manual_seed(0)
+    seeded = lambda: torch.Generator(target.embed.weight.device).manual_seed(0)
     if base in ("sdar", "plain"):
         return lambda ids, n: generate(target, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
     if base in SIMSD:
@@ -133,7 +133,7 @@ def summarize(stats, outs, tasks, tok, wall):
                 target_rows_per_token=sum(T * n for T, n in rows.items()) / tokens,
                 gpu_fwd_equiv_per_token=modelled_gpu_cost(rows, rows_draft, tokens),
                 mean_per_round=sum(k * v for k, v in hist.items()) / max(sum(hist.values()), 1),
-                accuracy=correct / len(tasks))
+                accuracy=correct / len(tasks), lookahead=max(s.get("lookahead", 0) for s in stats))
 
 
 COLUMNS = [("method", "method", "{}"), ("B", "block_size", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"),
@@ -169,7 +169,8 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
     cli.check_used(bases, f"--methods {','.join(methods)}",
                    dict(drafter=list(SIMSD), sweep=list(SIMSD), ablate=["simsd-paper"],
                         draft_budget=["spiffy"], gate=["simsd-gated"], draft_threshold=own_drafts,
-                        draft_stop=own_drafts), **flags)
+                        draft_stop=own_drafts, lookahead=[m for m in SIMSD if m != "simsd-paper"]), **flags)
+    check_settings("copies", "lossless", None, None, None, None, True, "tau", flags["lookahead"])
     cli.check_unit(gate=flags["gate"], draft_threshold=flags["draft_threshold"], draft_stop=flags["draft_stop"])
     if out:
         util.check_writable(out, "--out")
@@ -185,6 +186,8 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
         variants = {m: {}}
         if base in SIMSD and sweep == "gamma":
             variants = {f"{m}(gamma={g})": dict(gamma=g) for g in sorted({1, min(2, B), max(B // 2, 1), B})}
+        if base in SIMSD and base != "simsd-paper" and sweep == "lookahead":
+            variants = {f"{m}(K={k})": dict(lookahead=k) for k in range(4)}
         if base == "simsd-paper":
             variants |= {f"{m}({name})": setting for a, name, setting in ABLATIONS if a in ablate}
         for name, extra in variants.items():
@@ -210,7 +213,7 @@ def compare(plan, outputs, results, tasks, exact):
             r[f"speedup_vs_{ref}"] = r["tokens_per_s"] / base[ref]["tokens_per_s"] if ref in base else float("nan")
         sdar = base.get("sdar", dict(target_fwd_per_token=float("nan")))
         r["nfe_reduction_vs_sdar"] = sdar["target_fwd_per_token"] / r["target_fwd_per_token"]
-        r["fraction_of_limit"] = r["tokens_per_target_fwd"] / r["block_size"]
+        r["fraction_of_limit"] = r["tokens_per_target_fwd"] / (r["block_size"] * (1 + r["lookahead"]))
         r["stopped_fraction"] = r["stops"].get("stop_id", 0) / len(tasks)   # the rest ran to the limit
     return rows, failed
 
@@ -218,7 +221,7 @@ def compare(plan, outputs, results, tasks, exact):
 def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
          prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, repeats=1,
          data=None, chat=False, sweep=None, ablate=(), draft_budget=None, out=None, strategy=None,
-         gate=None, draft_threshold=None, draft_stop=None, speed_of_light=None, stop_ids=None):
+         gate=None, draft_threshold=None, draft_stop=None, lookahead=None, speed_of_light=None, stop_ids=None):
     """Method flags (drafter ... draft_budget): None/() = the default, an error when no method
     uses them. speed_of_light: a preset or checkpoint directory: sol.py's figures instead."""
     if speed_of_light:
@@ -226,7 +229,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
         cli.check_device(device)
         sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile)
         return 0
-    simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop)
+    simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead)
     methods = [SPECS.get(m, m) for m in methods]     # rows under the names of what they run
     check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, drafter=drafter,
                sweep=sweep, ablate=ablate or None, draft_budget=draft_budget, **simsd_kw)
@@ -244,11 +247,8 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
                      draft_budget or DRAFT_BUDGET, **{k: v for k, v in simsd_kw.items() if v is not None})
     outputs, results, graphs_after_warmup = measure(plan, tasks, max_new_tokens, tok, repeats, device, compile)
     rows, failed = compare(plan, outputs, results, tasks, exact=dtype in (None, torch.float32))
-    print(table(rows))
-    for r in (r for r in rows if r["round_ends"]):   # why SimSD's rounds ended (drafter wrong, ...)
-        print(f"{r['method']} B={r['block_size']} rounds ended: {r['round_ends']}")
-    for n in notes + [f"FAILED: {f}" for f in failed]:
-        print(n)
+    ends = [f"{r['method']} B={r['block_size']} rounds ended: {r['round_ends']}" for r in rows if r["round_ends"]]
+    print("\n".join([table(rows)] + ends + notes + [f"FAILED: {f}" for f in failed]))   # ends: why SimSD's
     dynamo = limit_hits.report(counters, graphs_after_warmup) if compile else {}
     result = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device,
                   torch=torch.__version__, prompts=len(tasks), max_new_tokens=max_new_tokens,
@@ -283,7 +283,7 @@ def parse_args(argv=None):
                       help="SDAR strategy for every method without +threshold (default: "
                            "low_confidence_static, one token a step)")
     simsd = cli.simsd_flags(ap, variants=False)
-    simsd.add_argument("--sweep", choices=["gamma"], default=None, help="rows for gamma = 1, 2, B/2, B")
+    simsd.add_argument("--sweep", choices=["gamma", "lookahead"], help="rows for gamma = 1, 2, B/2, B, or K = 0..3")
     simsd.add_argument("--ablate", default="", help="simsd-paper without: rope-copy, order (comma-separated)")
     cli.spiffy_flags(ap, graph=False)
     ap.add_argument_group("output").add_argument("--out", default=None, help="also save the JSON here")

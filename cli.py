@@ -11,7 +11,7 @@ import torch
 import util
 from decode import EB_THRESHOLD, STRATEGIES, DecodeRule
 from model import Transformer
-from speculate import ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, GATE, VERIFIERS, check_settings
+from speculate import ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, GATE, LOOKAHEAD, VERIFIERS, check_settings
 from spiffy import DRAFT_BUDGET
 from tokenizer import check_same_tokenizer, load_tokenizer
 
@@ -176,7 +176,8 @@ def check_rule(threshold, temperature, top_p, eb_threshold):
         raise ValueError(f"--temperature must be >= 0, got {temperature}")
 
 
-SIMSD_FLAGS = ("drafter", "gamma", "verifier", "acceptance", "gate", "draft_threshold", "draft_stop")
+SIMSD_FLAGS = ("drafter", "gamma", "verifier", "acceptance", "gate", "draft_threshold", "draft_stop",
+               "lookahead")
 SPIFFY_FLAGS = ("graph", "draft_budget")
 
 
@@ -193,7 +194,8 @@ def check_spec_flags(spec, **flags):
         raise ValueError(f"--gate does nothing with --accept {flags['acceptance']} (it is for gated)")
     if spec == "simsd":
         check_settings(flags["verifier"] or "copies", flags["acceptance"] or "lossless", flags["gamma"],
-                       flags["gate"], flags["draft_threshold"], flags["draft_stop"], rope_copy=True, order="tau")
+                       flags["gate"], flags["draft_threshold"], flags["draft_stop"], rope_copy=True, order="tau",
+                       lookahead=flags["lookahead"])
 
 
 # ---- flags, in the groups --help shows
@@ -249,6 +251,9 @@ def simsd_flags(ap, variants=True):
                    help=f"the drafter also drafts every position above this confidence (default {DRAFT_THRESHOLD})")
     g.add_argument("--draft-stop", type=float, default=None,
                    help=f"stop drafting when the drafter's best confidence falls below this (default {DRAFT_STOP})")
+    g.add_argument("--lookahead", type=int, default=None,
+                   help=f"blocks past the current one the drafter may draft into, verified in the same "
+                        f"target forward (default {LOOKAHEAD}; 0: within the block)")
     return g
 
 

@@ -239,8 +239,8 @@ class Session:
             self.pending = ids
             self.flush()
 
-    def commit(self, block):
-        self.pending = block
+    def commit(self, block):   # (a round that finished blocks ahead leaves several pending)
+        self.pending = block if self.pending is None else torch.cat([self.pending, block])
         if not self.fuse_commit:
             self.flush()
 
@@ -300,9 +300,12 @@ def decode(fill_block, sessions, ids, block_size, max_new_tokens, mask_id, stops
     session, then fill block after block (the prompt tail stays in the first block as known
     tokens, so blocks stay on the grid the model was trained on) and commit each; stop at
     the first of the `stops` ids, at max_new_tokens, or when on_block(new ids) returns True
-    (a caller's own stop, e.g. a stop string). fill_block(block, pos, n_masked) -> the filled
-    block, and its host copy (the copy a decoder made anyway to see that the block was full:
-    no extra sync); n_masked: how many of its positions are masked (counted on the host).
+    (a caller's own stop, e.g. a stop string). fill_block(block, pos, n_masked, room) -> the
+    filled block, and its host copy (the copy a decoder made anyway to see that the block was
+    full: no extra sync); n_masked: how many of its positions are masked (counted on the
+    host); room: how many tokens max_new_tokens leaves after this block (a decoder that
+    decodes ahead, into later blocks, goes no further; it keeps what it decoded ahead and
+    returns it at the next calls: this loop stops exactly where plain decoding does).
     -> (new ids without the stop id, why it stopped: "stop_id", "max_new_tokens" or
     "on_block")."""
     B = block_size
@@ -313,7 +316,9 @@ def decode(fill_block, sessions, ids, block_size, max_new_tokens, mask_id, stops
     while len(out) < max_new_tokens:
         block = torch.full((B,), mask_id, device=ids.device)
         block[:len(tail)] = tail
-        block, host = fill_block(block, torch.arange(start, start + B, device=ids.device), B - len(tail))
+        n_masked = B - len(tail)
+        block, host = fill_block(block, torch.arange(start, start + B, device=ids.device), n_masked,
+                                 max_new_tokens - len(out) - n_masked)
         for s in sessions:
             s.commit(block)
         new = host[len(tail):]
@@ -344,7 +349,7 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
     B, t0 = rule.block_size, time.perf_counter()
     sess = Session(model, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
 
-    def fill_block(block, pos, n_masked):   # a new block always starts with a masked position
+    def fill_block(block, pos, n_masked, room):   # a new block always starts with a masked position
         step = 0
         while n_masked:                                  # logits at the masked positions only
             logits = sess.forward(block, pos, lambda c, n: masks.block_causal(B, c), keep=B,

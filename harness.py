@@ -13,7 +13,7 @@ model registered: lm-eval knows only the model classes imported before it runs, 
 
 model_args are sample.py's flags with underscores, checked as sample.py checks them: target,
 drafter, spec, block_size, threshold, strategy, temperature, top_k, top_p, eb_threshold,
-gamma, verify, accept, gate, draft_threshold, draft_stop, graph, draft_budget, stop_ids
+gamma, verify, accept, gate, draft_threshold, draft_stop, lookahead, graph, draft_budget, stop_ids
 ([2,5]), seed, device (over lm-eval's --device), dtype, compile, chat (the whole prompt as one
 user turn); max_new_tokens (256) for a request without max_gen_toks. A request's `until`
 strings end decoding after the block they appear in, and cut its text before the first one;
@@ -52,7 +52,8 @@ SETTINGS = dict(  # model_arg -> (type, default); None as in sample.py: that met
     block_size=(int, None), threshold=(float, None), strategy=(str, None), temperature=(float, 0.0),
     top_k=(int, None), top_p=(float, None), eb_threshold=(float, cli.EB_THRESHOLD), gamma=(int, None),
     verify=(str, None), accept=(str, None), gate=(float, None), draft_threshold=(float, None),
-    draft_stop=(float, None), graph=(Path, None), draft_budget=(int, None), stop_ids=(tuple, None),
+    draft_stop=(float, None), lookahead=(int, None), graph=(Path, None), draft_budget=(int, None),
+    stop_ids=(tuple, None),
     seed=(int, 0), device=(str, None), dtype=(str, None), compile=(str, None), chat=(bool, False),
     max_new_tokens=(int, 256))
 GEN_KWARGS = dict(until=None, max_gen_toks=int, do_sample=bool, temperature=float, top_k=int, top_p=float)
@@ -106,7 +107,7 @@ class SDARSpec(LM):
                 raise ValueError(f"model_args {name}={a[name]!r}: choose from {', '.join(allowed)}")
         flags = dict(drafter=a["drafter"], gamma=a["gamma"], verifier=a["verify"], acceptance=a["accept"],
                      gate=a["gate"], draft_threshold=a["draft_threshold"], draft_stop=a["draft_stop"],
-                     draft_budget=a["draft_budget"])
+                     lookahead=a["lookahead"], draft_budget=a["draft_budget"])
         sample.check_args(a["spec"], a["device"], a["block_size"], a["max_new_tokens"], a["threshold"],
                           a["temperature"], a["top_k"], a["top_p"], a["eb_threshold"], a["graph"], flags)
         self._device, self.chat, self.seed = a["device"], a["chat"], a["seed"]

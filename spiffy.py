@@ -37,7 +37,7 @@ from tqdm import tqdm
 import util
 from decode import (EB_THRESHOLD, STRATEGIES, DecodeRule, Session, check_prompt, decode, packed_index,
                     stop_ids, to_device)
-from verify import verify_copies, walk
+from verify import forward_cost, verify_copies, walk
 
 DRAFT_BUDGET = 8   # D*: the most draft-graph nodes verified a forward
 
@@ -104,7 +104,8 @@ def build_drafts(ranked, state, graph, budget, rule):
     """Instantiate the graph's nodes on `state` from its `ranks` (both as host lists: the round
     brought them back with its one host sync); keep the `budget` best by the geometric mean
     of their token probabilities and their children's scores (bottom-up).
-    -> list of block states (lists), one per kept node."""
+    -> (block states (lists), one per kept node, best first; each one's chance: the product
+    of its reveals' probabilities, what cost-sized copies weigh a copy by)."""
     order, tok_order, p = ranked
     m = state.count(rule.mask_id)                              # masked positions rank first
     # a token of probability 0 (cut by top-k / top-p) is never drawn: no copy for it
@@ -116,13 +117,14 @@ def build_drafts(ranked, state, graph, budget, rule):
         logs += [math.log(score[c]) for c in nodes if set(n) < set(c)
                  and (len(c) == len(n) + 1 or not single)]
         score[n] = math.exp(sum(logs) / len(logs))
-    drafts = []
+    drafts, chances = [], []
     for n in connected_top(nodes, score, budget, single):
         s = list(state)
         for i, j in n:
             s[order[i]] = tok_order[i][j]
         drafts.append(s)
-    return drafts
+        chances.append(math.prod(p[i][j] for i, j in n))
+    return drafts, chances
 
 
 def load_graph(path, rule):
@@ -171,29 +173,67 @@ def graph_rule(rule):
     return r
 
 
+def draft_copies(ranked, state, block, graph, budget, rule, cross, stops, cost=None):
+    """A round's copies: the state, its drafts, and after each draft that finishes the block,
+    the next block's first state (two copies of the budget for that draft), when `cross` (a
+    block after this one is wanted) and the draft holds none of the `stops` ids (decoding
+    would end there). cost(n copies) -> seconds a forward takes (verify.forward_cost): keep
+    only the best drafts that maximise the expected steps per second (cost-sized copies).
+    -> (copies, counts, parent, host states), as verify_copies takes them."""
+    drafts, chances = build_drafts(ranked, state, graph, budget, rule) if graph else ([], [])
+    host, parent, value = [state], [-1], 1.0
+    best = (1.0 / cost(1) if cost else 1, 1)      # (expected steps per second, or copies; copies)
+    for d, chance in zip(drafts, chances):
+        crosses = cross and rule.mask_id not in d and not stops.intersection(d)
+        if len(host) + crosses > budget:
+            break
+        host.append(d)
+        parent.append(-1)
+        if crosses:                    # its next block's first step comes with the forward too
+            host.append([rule.mask_id] * rule.block_size)
+            parent.append(len(host) - 2)
+        value += chance * (1 + crosses)                       # expected steps a round
+        best = max(best, (value / cost(len(host)) if cost else len(host), len(host)))
+    host, parent = host[:best[1]], parent[:best[1]]
+    copies = to_device(host, block.device) if len(host) > 1 else block[None]
+    return copies, [s.count(rule.mask_id) for s in host], parent if max(parent) >= 0 else None, host
+
+
 @torch.no_grad()
 def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, draft_budget=DRAFT_BUDGET,
-                    fuse_commit=True, eos_id=None, generator=None, on_block=None, record=None):
-    """Spiffy decoding; same arguments and output as decode.generate, plus
-    graph: a calibrated graph (load_graph), None for no drafts (plain decoding);
-    draft_budget: D*, the most nodes verified per forward;
-    record(states, logits): called per block with its trajectory (used by calibrate)."""
+                    fuse_commit=True, eos_id=None, generator=None, on_block=None, record=None, cost_sized=True):
+    """Spiffy decoding; same arguments and output as decode.generate, plus graph: a calibrated
+    graph (load_graph), None for no drafts (plain decoding); draft_budget: D*, the most copies
+    a forward verifies besides the block's own state; cost_sized: only the best copies that pay
+    for themselves by this device's forward cost (draft_copies), else up to D*; record(states,
+    logits): called per block with its trajectory (calibrate). A draft that finishes the block
+    brings the next block's first state, so a round can walk on into it (stats: blocks_ahead)."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     if draft_budget < 1:
         raise ValueError(f"draft budget D* must be >= 1, got {draft_budget}")
     ids = check_prompt(prompt, c, max_new_tokens, model.embed.weight.device)
     B, t0 = rule.block_size, time.perf_counter()
-    sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 3) * B, fuse_commit)
-    advanced, verified = Counter(), Counter()
+    sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 4) * B, fuse_commit)
+    stops = stop_ids(c, eos_id)
+    advanced, verified, crossings = Counter(), Counter(), Counter()
     k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0) if graph else 0
+    cost = forward_cost(model, B) if graph and cost_sized else None
+    copies_for = lambda ranked, state, block, room: draft_copies(ranked, state, block, graph, draft_budget,
+                                                                 rule, room > 0, stops, cost)
+    ahead = []   # what a round decoded past its block: finished blocks, then the next one's state
 
-    def fill_block(block, pos, n_masked):
-        step, copies, counts, states, trajectory = 0, block[None], [n_masked], [block], []
+    def fill_block(block, pos, n_masked, room):
+        if ahead and ahead[0][0] == "finished":                  # finished by an earlier round
+            return ahead.pop(0)[1:]
+        step, copies, counts, parent, states, trajectory = 0, block[None], [n_masked], None, [block], []
+        if ahead:                                                # started by an earlier round
+            _, block, state, step, ranked = ahead.pop()
+            copies, counts, parent, host = copies_for(ranked, state, block, room)
         while True:
-            logits = verify_copies(sess, copies, pos, counts, rule.mask_id)
-            path, (state, *ranked) = walk(logits, copies, counts, step, rule, generator,   # host sync
-                                          lambda lg, cp, st: ranks(lg, st, rule, k, cp) if graph else ())
+            logits = verify_copies(sess, copies, pos, counts, rule.mask_id, parent)
+            path, (state, *ranked), crossed = walk(logits, copies, counts, step, rule, generator, parent=parent,
+                                                   extra=lambda lg, cp, st: ranks(lg, st, rule, k, cp) if graph else ())
             if record:                 # calibration only: keeps each step's logits, as (B, V)
                 for lg, new in path:
                     trajectory.append(lg[packed_index(states[-1], rule.mask_id)])
@@ -201,21 +241,25 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
             step, block = step + len(path), path[-1][1]
             advanced[len(path)] += 1
             verified[len(copies) - 1] += 1
+            if crossed:                                          # finished blocks: the first is this one
+                crossings["blocks"] += len(crossed)
+                ahead.extend(("finished", copies[j], host[j]) for _, j in crossed)
+                step = len(path) - crossed[-1][0]
+                ahead.append(("finished", block, state) if rule.mask_id not in state else
+                             ("started", block, state, step, ranked))
+                return ahead.pop(0)[1:]
             if rule.mask_id not in state:
                 if record:
                     record(states, trajectory)
                 return block, state
-            drafts = build_drafts(ranked, state, graph, draft_budget, rule) if graph else []
-            copies = to_device([state] + drafts, block.device) if drafts else block[None]
-            counts = [s.count(rule.mask_id) for s in [state] + drafts]
+            copies, counts, parent, host = copies_for(ranked, state, block, room)
 
-    out, stop = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, stop_ids(c, eos_id),
-                       on_block)
+    out, stop = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, stops, on_block)
     seconds = time.perf_counter() - t0
     return out, dict(stop=stop, nfe=sess.nfe, rows=dict(sess.rows), tokens=len(out), seconds=seconds,
-                     tokens_per_s=len(out) / seconds,
-                     steps_per_forward=dict(sorted(advanced.items())),
-                     nodes_per_forward=dict(sorted(verified.items())))
+                     tokens_per_s=len(out) / seconds, steps_per_forward=dict(sorted(advanced.items())),
+                     nodes_per_forward=dict(sorted(verified.items())), blocks_ahead=crossings["blocks"],
+                     lookahead=1)   # a round can finish its block and step into the next
 
 
 def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):

@@ -304,8 +304,9 @@ def drafted_per_round(B, tail, max_new, gamma):
     return rounds
 
 
-VARIANTS = [dict(verifier="temporal", acceptance="paper"), dict(verifier="copies", acceptance="paper"),
-            dict(verifier="copies", acceptance="gated"), dict(verifier="copies", acceptance="lossless")]
+VARIANTS = [dict(verifier="temporal", acceptance="paper"), dict(verifier="copies", acceptance="paper", lookahead=0),
+            dict(verifier="copies", acceptance="gated", lookahead=0),
+            dict(verifier="copies", acceptance="lossless", lookahead=0)]   # within the block
 VARIANT_IDS = ["temporal-paper", "copies-paper", "copies-gated", "copies-lossless"]
 
 
@@ -335,7 +336,7 @@ def test_a_target_drafting_for_itself_decodes_plainly(tiny_model):
     prompt = tokens(10, seed=1)
     plain, _ = generate(model, prompt, 12, eos_id=NO_EOS)
     out, stats = simsd_generate(model, model, prompt, 12, gamma=3, eos_id=NO_EOS,
-                                draft_threshold=None, draft_stop=None)
+                                draft_threshold=None, draft_stop=None, lookahead=0)
     rounds = drafted_per_round(B, len(prompt) % B, 12, 3)
     assert out == plain and stats["accept_hist"] == dict(sorted(Counter(rounds).items()))
 
@@ -515,9 +516,9 @@ def test_gated_acceptance_takes_sure_drafts_then_the_targets_own_step():
                           torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)]),
                           torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)])])
     packed, counts = logits[copies == MASK_ID], (copies == MASK_ID).sum(-1).tolist()  # as verified
-    new, accepted, steps, why = speculate.accept_gated(packed, copies, counts, d, 0, rule, gate=0.9)
+    new, accepted, steps, why, _ = speculate.accept_gated(packed, copies, counts, d, 0, rule, gate=0.9)
     assert (accepted, steps, why) == (1, 2, "target unsure") and new.tolist() == [MASK_ID, MASK_ID, 6, 5]
-    new, accepted, steps, why = speculate.accept_paper(packed, copies, counts, d, 0, rule)
+    new, accepted, steps, why, _ = speculate.accept_paper(packed, copies, counts, d, 0, rule)
     assert (accepted, steps) == (2, 3) and new.tolist() == [7, MASK_ID, 6, 5]
 
 
@@ -547,7 +548,7 @@ def test_lossless_acceptance_counts_the_deepest_drafted_state_walked_to(rule_kw,
     second = torch.stack([row(7, 0.95), row(next_at_copy_2, 0.97), row(6, 0.95), row(4, 0.5)])
     logits = torch.stack([first, first, second, second])           # the target at copies 0..3
     packed, counts = logits[copies == MASK_ID], (copies == MASK_ID).sum(-1).tolist()
-    new, accepted, steps, why = speculate.accept_lossless(packed, copies, counts, d, 0, rule)
+    new, accepted, steps, why, _ = speculate.accept_lossless(packed, copies, counts, d, 0, rule)
     assert (accepted, steps, why, new.tolist()) == expected
 
 
@@ -586,7 +587,7 @@ def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
         copies = d.states(block)
         counts = (copies == mask_id).sum(-1).tolist()
         logits = speculate.verify_copies(tsess, copies, pos, counts, mask_id)
-        new, accepted, _, _ = speculate.accept_paper(logits, copies, counts, d, 0, rule, g)
+        new, accepted, _, _, _ = speculate.accept_paper(logits, copies, counts, d, 0, rule, g)
         first.append(int(new[0])), drafted.append(int(d.tokens[0]))
         if new[1] != mask_id:                          # position 1 was decided this round too
             second.append(int(new[1]))

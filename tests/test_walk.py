@@ -123,7 +123,7 @@ def test_the_stepwise_walk_is_plain_decoding_through_the_verified_states(rule_kw
         logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
         ref_gen, gen = seeded(seed), seeded(seed)
         expected = reference_walk(logits, copies, counts, step, rule, ref_gen)
-        path, (state,) = verify.walk_stepwise(logits, copies, counts, step, rule, gen)
+        path, (state,), _ = verify.walk_stepwise(logits, copies, counts, step, rule, gen)
         assert [new.tolist() for _, new in path] == expected and state == expected[-1], seed
         assert torch.equal(gen.get_state(), ref_gen.get_state()), "not plain decoding's draws"
         lengths.append(len(path))
@@ -137,20 +137,20 @@ def test_the_batched_walk_takes_the_stepwise_walks_path(rule_kw):
     for seed in SEEDS:
         logits, copies, counts, step = random_round(rule, seed)
         for extra in (verify.no_extra, with_ranks(rule)):
-            fast, fast_host = verify.walk_batched(logits, copies, counts, step, rule, extra)
-            slow, slow_host = verify.walk_stepwise(logits, copies, counts, step, rule, None, extra)
+            fast, fast_host, _ = verify.walk_batched(logits, copies, counts, step, rule, extra)
+            slow, slow_host, _ = verify.walk_stepwise(logits, copies, counts, step, rule, None, extra)
             assert len(fast) == len(slow), seed
             for (lg_f, new_f), (lg_s, new_s) in zip(fast, slow):
                 assert torch.equal(lg_f, lg_s) and torch.equal(new_f, new_s), seed
             assert read(fast_host) == read(slow_host), seed
             assert walk_result(verify.walk(logits, copies, counts, step, rule, None, extra)) == \
-                walk_result((fast, fast_host))                   # walk takes the fast path
+                walk_result((fast, fast_host, []))                   # walk takes the fast path
         lengths.append(len(fast))
     assert max(lengths) >= 3 and min(lengths) <= 2, f"vacuous: walk lengths {lengths}"
 
 
 def walk_result(walked):
-    path, host = walked
+    path, host, _ = walked
     return [(lg.tolist(), new.tolist()) for lg, new in path], host
 
 
@@ -179,7 +179,7 @@ def test_the_batched_walk_syncs_once_and_the_stepwise_walk_once_a_step(rule_kw, 
             assert syncs.count == 1, seed
         syncs.count = 0
         with syncs:
-            path, _ = verify.walk_stepwise(logits, copies, counts, step, rule, seeded(seed), extra)
+            path, _, _ = verify.walk_stepwise(logits, copies, counts, step, rule, seeded(seed), extra)
         assert syncs.count == len(path), seed
         syncs.count = 0
         with syncs:
@@ -187,3 +187,94 @@ def test_the_batched_walk_syncs_once_and_the_stepwise_walk_once_a_step(rule_kw, 
         assert syncs.count == (1 if rule.stateless else len(path)), seed
         lengths.append(len(path))
     assert max(lengths) >= 3, f"vacuous: walk lengths {lengths}"
+
+
+# ---- across blocks: copies of later blocks, after the complete copy of the block before
+
+def tree_round(rule, seed, draw_seed=None):
+    """A random round over up to three blocks: in each, a chain of states the rule reaches
+    from the block's first state (block 0: random known positions; later blocks: all masks,
+    after the complete copy that ends the chain before), cut short at random; near misses and
+    states of one block posing as states of another as distractors; copies[1:] shuffled.
+    -> (packed logits, copies, counts, parent, step)."""
+    B, rng, g = rule.block_size, random.Random(seed), torch.Generator().manual_seed(seed)
+    draw = None if draw_seed is None else torch.Generator().manual_seed(draw_seed)
+    noise = lambda: torch.randn(B, V, generator=g) * 4
+    state = torch.full((B,), MASK_ID)
+    known = rng.sample(range(B), rng.randrange(B - 1))
+    state[known] = torch.randint(0, V, (len(known),), generator=g).clamp(min=MASK_ID + 1)
+    step, copies, parent, group = rng.randrange(2), [], [], -1    # copies: (state, logits)
+    for b in range(3):
+        s = step if b == 0 else 0
+        while True:
+            copies.append((state, noise()))
+            parent.append(group)
+            if not (state == MASK_ID).any():
+                break
+            new = rule(copies[-1][1][state == MASK_ID], state, s, draw)
+            s += 1
+            if rng.random() < 0.3:
+                copies.append((near_miss(new, state, rng), noise()))
+                parent.append(group)
+            if rng.random() < 0.08:
+                break
+            state = new
+        if (state == MASK_ID).any() or rng.random() < 0.2:
+            break
+        group, state = len(copies) - 1, torch.full((B,), MASK_ID)
+        if rng.random() < 0.3:            # the next block's first state, in the wrong block
+            copies.append((state, noise()))
+            parent.append(-1)
+    order = [0] + rng.sample(range(1, len(copies)), len(copies) - 1)
+    where = {old: new for new, old in enumerate(order)}
+    states = torch.stack([copies[i][0] for i in order])
+    logits = torch.stack([copies[i][1] for i in order])
+    masked = states == MASK_ID
+    parents = [where[parent[i]] if parent[i] >= 0 else -1 for i in order]
+    return logits[masked], states, masked.sum(-1).tolist(), parents, step
+
+
+def reference_tree_walk(logits, copies, counts, parent, step, rule, generator=None):
+    """The walk across blocks, the obvious way: a dict from (block, state) to the first copy;
+    a complete state goes on from the next block's first copy after it. -> (new states,
+    crossings)."""
+    each, B = logits.split(counts), copies.shape[1]
+    verified = {}
+    for j in range(1, len(copies)):
+        verified.setdefault((parent[j], tuple(copies[j].tolist())), j)
+    child = {}
+    for j in range(len(copies)):
+        if parent[j] >= 0 and counts[j] == B:
+            child.setdefault(parent[j], j)
+    i, group, walked, crossed = 0, -1, [], []
+    while True:
+        new = rule(each[i], copies[i], step, generator)
+        walked.append(new.tolist())
+        j = verified.get((group, tuple(walked[-1])))
+        if j is None or (MASK_ID not in walked[-1] and j not in child):
+            return walked, crossed
+        if MASK_ID in walked[-1]:
+            i, step = j, step + 1
+        else:
+            crossed.append((len(walked), j))
+            i, group, step = child[j], j, 0
+
+
+@pytest.mark.parametrize("rule_kw", list(STATELESS.values()) + list(STATEFUL.values()),
+                         ids=list(STATELESS) + list(STATEFUL))
+def test_the_walk_across_blocks_is_plain_decoding_through_the_verified_states(rule_kw):
+    rule, crossings = make_rule(rule_kw), 0
+    for seed in range(40):
+        logits, copies, counts, parent, step = tree_round(rule, seed, draw_seed=1000 + seed)
+        ref_gen, gen = seeded(seed), seeded(seed)
+        expected, ref_crossed = reference_tree_walk(logits, copies, counts, parent, step, rule, ref_gen)
+        path, (state,), crossed = verify.walk_stepwise(logits, copies, counts, step, rule, gen, parent=parent)
+        assert [new.tolist() for _, new in path] == expected and state == expected[-1], seed
+        assert crossed == ref_crossed, seed
+        assert torch.equal(gen.get_state(), ref_gen.get_state()), "not plain decoding's draws"
+        if rule.stateless:
+            fast, (fast_state,), fast_crossed = verify.walk_batched(logits, copies, counts, step, rule,
+                                                                    parent=parent)
+            assert [new.tolist() for _, new in fast] == expected and fast_crossed == crossed, seed
+        crossings += len(crossed)
+    assert crossings >= 5, f"vacuous: {crossings} crossings"

@@ -11,7 +11,7 @@ compares it with `threshold`, the others with `plain`, one token a step):
   simsd-lossless  exact states, plain decoding's rule walked through them (must equal plain)
   spiffy+static   draft graphs from the target itself instead of a drafter (must equal plain)
   none, simsd, spiffy   sample.py's --spec names: what that spec runs (SPECS)
-simsd-paper against simsd-exact is the order-versus-leak experiment (docs/results.md).
+(simsd-paper against simsd-exact: the order-versus-leak experiment, docs/results.md.)
 
 Per row: tokens/s and its ratio to `threshold` and `sdar` in this run, forwards per token,
 tokens per target forward (and its fraction of the limit B (1 + K), K the blocks a round can
@@ -86,10 +86,9 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     if base in ("sdar", "plain"):
         return lambda ids, n: generate(target, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
     if base in SIMSD:
-        kw = {**simsd, **SIMSD[base]}
-        return lambda ids, n: simsd_generate(target, drafter, ids, n, rule, generator=seeded(), **kw)
+        return lambda ids, n: simsd_generate(target, drafter, ids, n, rule, generator=seeded(), **simsd, **SIMSD[base])
     graph = graphs(rule)
-    return lambda ids, n: spiffy_generate(target, ids, n, rule, graph, draft_budget, generator=seeded())
+    return lambda ids, n: spiffy_generate(target, ids, n, rule, graph, draft_budget, generator=seeded(), **simsd)
 
 
 def measure(plan, tasks, max_new_tokens, tok, repeats, device, compile):
@@ -167,7 +166,7 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
     cli.check_device(device)
     own_drafts = [m for m in SIMSD if "draft_threshold" not in SIMSD[m]]   # not the paper's gamma = B
     cli.check_used(bases, f"--methods {','.join(methods)}",
-                   dict(drafter=list(SIMSD), sweep=list(SIMSD), ablate=["simsd-paper"],
+                   dict(drafter=list(SIMSD), sweep=[*SIMSD, "spiffy"], ablate=["simsd-paper"],
                         draft_budget=["spiffy"], gate=["simsd-gated"], draft_threshold=own_drafts,
                         draft_stop=own_drafts, lookahead=[m for m in SIMSD if m != "simsd-paper"]), **flags)
     check_settings("copies", "lossless", None, None, None, None, True, "tau", flags["lookahead"])
@@ -188,6 +187,8 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
             variants = {f"{m}(gamma={g})": dict(gamma=g) for g in sorted({1, min(2, B), max(B // 2, 1), B})}
         if base in SIMSD and base != "simsd-paper" and sweep == "lookahead":
             variants = {f"{m}(K={k})": dict(lookahead=k) for k in range(4)}
+        if base in (*SIMSD, "spiffy") and base != "simsd-paper" and sweep == "copies":
+            variants = {m: {}, f"{m}(all copies)": dict(cost_sized=False)}
         if base == "simsd-paper":
             variants |= {f"{m}({name})": setting for a, name, setting in ABLATIONS if a in ablate}
         for name, extra in variants.items():
@@ -277,13 +278,13 @@ def parse_args(argv=None):
                    "shaped like MODEL (a preset such as sdar-8b, or a checkpoint directory): its decode "
                    "forwards and loop against the memory-bandwidth floor (sol.py)")
     cli.model_flags(ap)
-    rule = ap.add_argument_group("decoding rule (threshold and +threshold methods: the threshold "
-                                 f"rule at {cli.THRESHOLD})")
+    rule = ap.add_argument_group(f"decoding rule (threshold, +threshold methods: the threshold rule at {cli.THRESHOLD})")
     rule.add_argument("--strategy", default=None, choices=STRATEGIES,
                       help="SDAR strategy for every method without +threshold (default: "
                            "low_confidence_static, one token a step)")
     simsd = cli.simsd_flags(ap, variants=False)
-    simsd.add_argument("--sweep", choices=["gamma", "lookahead"], help="rows for gamma = 1, 2, B/2, B, or K = 0..3")
+    simsd.add_argument("--sweep", choices=["gamma", "lookahead", "copies"], help="rows for gamma = 1, 2, B/2, B, "
+                       "K = 0..3, or every copy verified (not sized to the forward's cost)")
     simsd.add_argument("--ablate", default="", help="simsd-paper without: rope-copy, order (comma-separated)")
     cli.spiffy_flags(ap, graph=False)
     ap.add_argument_group("output").add_argument("--out", default=None, help="also save the JSON here")
@@ -291,8 +292,7 @@ def parse_args(argv=None):
     quick, stop_ids = a.pop("quick"), a.pop("stop_ids")
     return dict(a, block_sizes=util.int_list(a.pop("block_size"), "--block-size"),
                 methods=tuple(a["methods"].split(",")), prompts=4 if quick else a["prompts"],
-                max_new_tokens=32 if quick else a["max_new_tokens"],
-                ablate=tuple(x for x in a["ablate"].split(",") if x),
+                max_new_tokens=32 if quick else a["max_new_tokens"], ablate=tuple(x for x in a["ablate"].split(",") if x),
                 stop_ids=None if stop_ids is None else util.int_list(stop_ids, "--stop-ids"))
 
 

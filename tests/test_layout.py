@@ -1,6 +1,7 @@
 """The shape of the code a reader meets: imports that point one way (no module imports one
 that imports it back, even through others), and the size budgets of the README."""
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,3 +68,14 @@ def test_size_budgets():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 assert n <= 60, f"{path.name}: {node.name} is {n} lines, over 60"
+
+
+def test_the_training_recipe_is_a_valid_script_of_train_py_steps():
+    """train.sh (the embedded pair from nothing) parses, and each step's flags are train.py's."""
+    import subprocess
+    script = ROOT / "train.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    flags = set(re.findall(r"--[a-z-]+", (ROOT / "train.py").read_text()))
+    for line in script.read_text().splitlines():
+        if line.startswith("step "):
+            assert set(re.findall(r"--[a-z-]+", line)) <= flags, line

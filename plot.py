@@ -1,6 +1,7 @@
 """The bench's figure: tokens per target forward against the block size, one line per method,
-with the ceiling a block sets (B tokens a forward) drawn in; and tokens/s against the
-threshold rule beside it. Reads the JSON of `bench.py --out`.
+with one block a forward (B tokens) drawn in; tokens/s against the threshold rule beside it;
+and the modelled GPU cost (target-forward equivalents per token, bench.py's GPU column) as
+times cheaper than the threshold rule's. Reads the JSON of `bench.py --out`.
 
     python bench.py --block-size 4,8,32 --prompts 40 --repeats 3 --out docs/bench.json
     python plot.py docs/bench.json docs/bench.png
@@ -26,21 +27,25 @@ def plot(bench_json, png):
     except ImportError:
         raise ValueError("plot.py needs matplotlib (pip install matplotlib)") from None
     sizes = sorted({r["block_size"] for r in results})
-    thr = {r["block_size"]: r["tokens_per_s"] for r in results if r["method"] == "threshold"}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    left.plot(sizes, sizes, "k:", label="ceiling: B tokens a forward")
+    thr = {r["block_size"]: r for r in results if r["method"] == "threshold"}
+    fig, (left, right, gpu) = plt.subplots(1, 3, figsize=(15, 4.2))
+    left.plot(sizes, sizes, "k:", label="one block a forward (B tokens)")
     for method in dict.fromkeys(r["method"] for r in results):
         rows = sorted((r["block_size"], r) for r in results if r["method"] == method)
         bs = [b for b, _ in rows]
         left.plot(bs, [r["tokens_per_target_fwd"] for _, r in rows], "o-", label=method)
         if thr:
-            right.plot(bs, [r["tokens_per_s"] / thr[b] for b, r in rows], "o-", label=method)
-    for ax, what in ((left, "tokens per target forward"), (right, "tokens/s, x the threshold rule")):
+            right.plot(bs, [r["tokens_per_s"] / thr[b]["tokens_per_s"] for b, r in rows], "o-", label=method)
+            if all("gpu_fwd_equiv_per_token" in r for _, r in rows):   # (older JSON: no GPU column)
+                gpu.plot(bs, [thr[b]["gpu_fwd_equiv_per_token"] / r["gpu_fwd_equiv_per_token"] for b, r in rows],
+                         "o-", label=method)
+    for ax, what in ((left, "tokens per target forward"), (right, "tokens/s, x the threshold rule"),
+                     (gpu, "GPU cost (modelled): x cheaper than threshold")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.set_xlabel("block size B"), ax.set_ylabel(what), ax.grid(alpha=0.3)
     left.set_yscale("log", base=2)
-    right.axhline(1, color="k", lw=0.8)
+    right.axhline(1, color="k", lw=0.8), gpu.axhline(1, color="k", lw=0.8)
     left.legend(fontsize=7)
     fig.suptitle(f"bench.py on {bench.get('device')}, torch {bench.get('torch')}, {bench.get('prompts')} "
                  f"prompts, {bench.get('date')}", fontsize=9)

@@ -166,8 +166,8 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
     cli.check_device(device)
     own_drafts = [m for m in SIMSD if "draft_threshold" not in SIMSD[m]]   # not the paper's gamma = B
     cli.check_used(bases, f"--methods {','.join(methods)}",
-                   dict(drafter=list(SIMSD), sweep=[*SIMSD, "spiffy"], ablate=["simsd-paper"],
-                        draft_budget=["spiffy"], gate=["simsd-gated"], draft_threshold=own_drafts,
+                   dict(drafter=list(SIMSD), sweep=[*SIMSD, "spiffy"] if flags["sweep"] == "copies" else list(SIMSD),
+                        ablate=["simsd-paper"], draft_budget=["spiffy"], gate=["simsd-gated"], draft_threshold=own_drafts,
                         draft_stop=own_drafts, lookahead=[m for m in SIMSD if m != "simsd-paper"]), **flags)
     check_settings("copies", "lossless", None, None, None, None, True, "tau", flags["lookahead"])
     cli.check_unit(gate=flags["gate"], draft_threshold=flags["draft_threshold"], draft_stop=flags["draft_stop"])

@@ -101,10 +101,10 @@ def spiffy_with(graph, draft_budget=DRAFT_BUDGET):
 MAX_NEW = {4: 24, 8: 32, 32: 40}
 
 
-@pytest.mark.parametrize("fuse_commit", [True, False], ids=["fused", "separate"])
+@pytest.mark.parametrize("B, fuse_commit", [(4, True), (4, False), (8, True), (8, False), (32, True)],
+                         ids=["4-fused", "4-separate", "8-fused", "8-separate", "32-fused"])
 @pytest.mark.parametrize("rule_name", list(RULES))
-@pytest.mark.parametrize("B", [4, 8, 32])
-def test_greedy_spiffy_equals_plain_decoding(B, rule_name, fuse_commit):
+def test_greedy_spiffy_equals_plain_decoding(B, rule_name, fuse_commit):   # (separate commits: B-blind)
     model, rule, graph = calibrated(B, rule_name)
     assert 8 <= len(graph["nodes"]) <= 10
     cases = prompts(B)

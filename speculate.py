@@ -239,10 +239,9 @@ def target_sure(logits, copies, d, src, rule, gate):
     return (top.argmax(-1) == d.pos % B) | (top[k, d.pos % B] > gate)
 
 
-def ended_in(copies, counts, d, c, step):
-    """A round that ends in copy c: the complete copies of the blocks it went past (lookahead),
-    the drafts it took in c's own block, and the target's step index at c."""
-    parent = d.tree(counts[0], copies.shape[1])[1]
+def ended_in(parent, c, step):
+    """A round that ends in copy c (parent: Draft.tree's): the complete copies of the blocks it
+    went past (lookahead), the drafts it took in c's own block, and the target's step index at c."""
     crossed, a = [], c
     while parent is not None and parent[a] >= 0:
         a = parent[a]
@@ -277,11 +276,11 @@ def accept_paper(logits, copies, counts, d, step, rule, generator=None):
     Not lossless: the drafter chose which positions to reveal, and in which order.
     -> (new block, drafts accepted, target steps taken in the new block's block, why the round
     ended, the complete copies of the blocks it finished on the way (lookahead))."""
-    src = d.tree(counts[0], copies.shape[1])[2]
+    _, parent, src = d.tree(counts[0], copies.shape[1])
     p_target, agreed = drafts_agreed(logits, copies, d, src, rule, generator)
     accepted = int(first_true(~agreed))                              # host sync
     c = src[accepted] if accepted < len(src) else len(copies) - 1
-    crossed, taken, at_step = ended_in(copies, counts, d, c, step)
+    crossed, taken, at_step = ended_in(parent, c, step)
     if accepted < len(src):
         block = corrected(copies, d, p_target, accepted, c, rule, generator)
         return block, accepted, taken + 1, "draft rejected", crossed
@@ -297,12 +296,12 @@ def accept_gated(logits, copies, counts, d, step, rule, generator=None, gate=GAT
     threshold) from that state, and the round ends. Why: what loses answers at large B is the
     ORDER the drafter reveals positions in, and the gate keeps the target's own order wherever
     it is not sure of the drafter's. -> as accept_paper."""
-    src = d.tree(counts[0], copies.shape[1])[2]
+    _, parent, src = d.tree(counts[0], copies.shape[1])
     p_target, agreed = drafts_agreed(logits, copies, d, src, rule, generator)
     sure = target_sure(logits, copies, d, src, rule, gate)
     accepted = int(first_true(~(agreed & sure)))                     # host sync
     c = src[accepted] if accepted < len(src) else len(copies) - 1
-    crossed, taken, at_step = ended_in(copies, counts, d, c, step)
+    crossed, taken, at_step = ended_in(parent, c, step)
     if accepted < len(src) and bool(sure[accepted]):                 # host sync: sure, disagrees
         block = corrected(copies, d, p_target, accepted, c, rule, generator)
         return block, accepted, taken + 1, "target sure, draft rejected", crossed

@@ -202,12 +202,11 @@ def draft_copies(ranked, state, block, graph, budget, rule, cross, stops, cost=N
 @torch.no_grad()
 def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, draft_budget=DRAFT_BUDGET,
                     fuse_commit=True, eos_id=None, generator=None, on_block=None, record=None, cost_sized=True):
-    """Spiffy decoding; same arguments and output as decode.generate, plus graph: a calibrated
-    graph (load_graph), None for no drafts (plain decoding); draft_budget: D*, the most copies
-    a forward verifies besides the block's own state; cost_sized: only the best copies that pay
-    for themselves by this device's forward cost (draft_copies), else up to D*; record(states,
-    logits): called per block with its trajectory (calibrate). A draft that finishes the block
-    brings the next block's first state, so a round can walk on into it (stats: blocks_ahead)."""
+    """Spiffy decoding; decode.generate's arguments and output, plus graph: a calibrated graph
+    (load_graph; None: plain decoding); draft_budget: D*, the most copies a forward verifies
+    besides the block's own state; cost_sized: only those that pay for themselves by this
+    device's forward cost (draft_copies); record(states, logits): per block, its trajectory
+    (calibrate). A finishing draft brings the next block's first state (stats: blocks_ahead)."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     if draft_budget < 1:
@@ -221,14 +220,14 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
     cost = forward_cost(model, B) if graph and cost_sized else None
     copies_for = lambda ranked, state, block, room: draft_copies(ranked, state, block, graph, draft_budget,
                                                                  rule, room > 0, stops, cost)
-    ahead = []   # what a round decoded past its block: finished blocks, then the next one's state
+    finished, started = [], []   # past a round's block: blocks finished, (block, state, step, ranks) begun
 
     def fill_block(block, pos, n_masked, room):
-        if ahead and ahead[0][0] == "finished":                  # finished by an earlier round
-            return ahead.pop(0)[1:]
+        if finished:                                             # finished by an earlier round
+            return finished.pop(0)
         step, copies, counts, parent, states, trajectory = 0, block[None], [n_masked], None, [block], []
-        if ahead:                                                # started by an earlier round
-            _, block, state, step, ranked = ahead.pop()
+        if started:                                              # begun by an earlier round
+            block, state, step, ranked = started.pop()
             copies, counts, parent, host = copies_for(ranked, state, block, room)
         while True:
             logits = verify_copies(sess, copies, pos, counts, rule.mask_id, parent)
@@ -243,11 +242,12 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
             verified[len(copies) - 1] += 1
             if crossed:                                          # finished blocks: the first is this one
                 crossings["blocks"] += len(crossed)
-                ahead.extend(("finished", copies[j], host[j]) for _, j in crossed)
-                step = len(path) - crossed[-1][0]
-                ahead.append(("finished", block, state) if rule.mask_id not in state else
-                             ("started", block, state, step, ranked))
-                return ahead.pop(0)[1:]
+                finished.extend((copies[j], host[j]) for _, j in crossed)
+                if rule.mask_id in state:
+                    started.append((block, state, len(path) - crossed[-1][0], ranked))
+                else:
+                    finished.append((block, state))
+                return finished.pop(0)
             if rule.mask_id not in state:
                 if record:
                     record(states, trajectory)

@@ -24,8 +24,8 @@ done
 py=${PYTHON:-python}
 command -v "$py" >/dev/null || die "no Python interpreter '$py' (set PYTHON)"
 command -v timeout >/dev/null || die "no 'timeout' command (coreutils)"
-"$py" -c "import torch, sentencepiece, safetensors, tqdm, pytest" 2>/dev/null \
-    || die "$py cannot import torch, sentencepiece, safetensors, tqdm and pytest: run the README's set-up"
+"$py" -c "import torch, sentencepiece, safetensors, tqdm, pytest, xdist" 2>/dev/null \
+    || die "$py cannot import torch, sentencepiece, safetensors, tqdm, pytest and xdist: run the README's set-up"
 out=${OUT:-.}
 mkdir -p "$out" 2>/dev/null && [ -w "$out" ] || die "cannot write to OUT=$out"
 
@@ -52,7 +52,7 @@ phase() {   # phase NAME SECONDS LOG COMMAND...: COMMAND in its time box (SECOND
 }
 
 "$py" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
-phase tests 150 - "$py" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_syncs.py "${tests[@]}"
+phase tests 150 - "$py" -m pytest -q -n 0 -p no:cacheprovider tests/test_cuda.py tests/test_syncs.py "${tests[@]}"
 phase bench-eager 60 - "$py" bench.py "${dev[@]}" --block-size $sizes "${bench[@]}" --methods $methods \
     --out "$out/gpu_bench_eager.json"
 phase bench-compiled 180 - "$py" bench.py "${dev[@]}" --compile --block-size $sizes "${bench[@]}" \

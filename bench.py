@@ -58,8 +58,8 @@ METHODS = ("sdar", "plain", "threshold", "simsd-gated", "simsd-lossless+threshol
            "spiffy+threshold")
 LOSSLESS = ("sdar", "simsd-lossless", "spiffy")   # exact in exact arithmetic: must equal plain
 SPECS = {"none": "threshold", "simsd": "simsd-lossless+threshold", "spiffy": "spiffy+threshold"}  # sample.py's
-ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)),   # simsd-paper's (docs/results.md)
-             ("order", "position order", dict(order="position")))
+ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "position order", dict(order="position")))
+PAIRS = {"copies": ("all copies", dict(cost_sized=False)), "commit": ("fused commit", dict(copy_commit=False))}  # --sweep
 
 
 def parse_method(name):
@@ -166,7 +166,7 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
     cli.check_device(device)
     own_drafts = [m for m in SIMSD if "draft_threshold" not in SIMSD[m]]   # not the paper's gamma = B
     cli.check_used(bases, f"--methods {','.join(methods)}",
-                   dict(drafter=list(SIMSD), sweep=[*SIMSD, "spiffy"] if flags["sweep"] == "copies" else list(SIMSD),
+                   dict(drafter=list(SIMSD), sweep=[*SIMSD, "spiffy"] if flags["sweep"] in PAIRS else list(SIMSD),
                         ablate=["simsd-paper"], draft_budget=["spiffy"], gate=["simsd-gated"], draft_threshold=own_drafts,
                         draft_stop=own_drafts, lookahead=[m for m in SIMSD if m != "simsd-paper"]), **flags)
     check_settings("copies", "lossless", None, None, None, None, True, "tau", flags["lookahead"])
@@ -187,8 +187,8 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
             variants = {f"{m}(gamma={g})": dict(gamma=g) for g in sorted({1, min(2, B), max(B // 2, 1), B})}
         if base in SIMSD and base != "simsd-paper" and sweep == "lookahead":
             variants = {f"{m}(K={k})": dict(lookahead=k) for k in range(4)}
-        if base in (*SIMSD, "spiffy") and base != "simsd-paper" and sweep == "copies":
-            variants = {m: {}, f"{m}(all copies)": dict(cost_sized=False)}
+        if base in (*SIMSD, "spiffy") and base != "simsd-paper" and sweep in PAIRS:
+            variants = {m: {}, f"{m}({PAIRS[sweep][0]})": PAIRS[sweep][1]}
         if base == "simsd-paper":
             variants |= {f"{m}({name})": setting for a, name, setting in ABLATIONS if a in ablate}
         for name, extra in variants.items():
@@ -283,8 +283,8 @@ def parse_args(argv=None):
                       help="SDAR strategy for every method without +threshold (default: "
                            "low_confidence_static, one token a step)")
     simsd = cli.simsd_flags(ap, variants=False)
-    simsd.add_argument("--sweep", choices=["gamma", "lookahead", "copies"], help="rows for gamma = 1, 2, B/2, B, "
-                       "K = 0..3, or every copy verified (not sized to the forward's cost)")
+    simsd.add_argument("--sweep", choices=["gamma", "lookahead", *PAIRS], help="rows for gamma = 1, 2, B/2, B, K = 0..3, "
+                       "every copy verified (not cost-sized), or blocks finished ahead fused (not kept from their copies)")
     simsd.add_argument("--ablate", default="", help="simsd-paper without: rope-copy, order (comma-separated)")
     cli.spiffy_flags(ap, graph=False)
     ap.add_argument_group("output").add_argument("--out", default=None, help="also save the JSON here")

@@ -192,10 +192,13 @@ class Session:
     block waits in `pending` until the next forward carries it in as extra queries (fused
     commit), or is written at once by its own forward (SDAR's separate commit). Both give the
     same tokens in exact arithmetic and in fp32 (tested); in bf16 the fused forward's other
-    shape rounds differently, so a near-tie can differ from SDAR's loop."""
+    shape rounds differently, so a near-tie can differ from SDAR's loop. A block that a
+    verification forward already holds as a complete copy can instead be kept from that
+    forward's own keys and values (keep), with copy_commit."""
 
-    def __init__(self, model, block_size, max_len, fuse_commit=True):
+    def __init__(self, model, block_size, max_len, fuse_commit=True, copy_commit=False):
         self.model, self.block_size, self.fuse_commit = model, block_size, fuse_commit
+        self.copy_commit, self.kept, self.queries_at = copy_commit, 0, 0
         self.static = getattr(model, "static_trunk", None) is not None   # compile_decoding
         model.setup_cache(max_len + self.static * (MAX_BUCKET // 2) * block_size)  # + padding
         self.device = model.embed.weight.device
@@ -230,6 +233,7 @@ class Session:
             logits = self.model(tokens[None], pos, self.committed, mask_for(self.committed, n_commit),
                                 keep=keep, rows=rows)
         self.committed, self.pending = self.committed + n_commit, None
+        self.queries_at = self.committed      # where the rows after the pending block were written
         self.nfe += 1
         self.rows[T] += 1
         return logits[0]
@@ -240,9 +244,30 @@ class Session:
             self.flush()
 
     def commit(self, block):   # (a round that finished blocks ahead leaves several pending)
+        if self.kept:          # in the cache already (keep)
+            self.kept -= 1
+            return
         self.pending = block if self.pending is None else torch.cat([self.pending, block])
         if not self.fuse_commit:
             self.flush()
+
+    def keep(self, *copies):
+        """With copy_commit: commit the blocks the last forward held, complete, as its j-th
+        blocks of queries after the pending rows, for each j in `copies` (verification copies a
+        walk went past, in order), from that forward's own keys and values: they move into
+        place in every layer's cache, and the next commit() of each is skipped (callers commit
+        in order). Exact: such a copy attended to what the committed block attends to, the
+        cache and itself, at the block's own positions; and the next forward carries no
+        pending block. Without copy_commit: nothing (they are committed the usual way)."""
+        if not self.copy_commit:
+            return
+        B = self.block_size
+        for j in copies:          # j ascending: a row is moved down before it is written
+            src = self.queries_at + j * B
+            for layer in self.model.layers:
+                for t in (layer.attn.cache.k, layer.attn.cache.v):
+                    t[:, :, self.committed:self.committed + B] = t[:, :, src:src + B].clone()
+            self.committed, self.kept = self.committed + B, self.kept + 1
 
     def flush(self):  # a forward with nothing but the pending block: SDAR's commit
         self.forward(self.pending[:0], self.pending[:0], lambda c, n: masks.block_causal(

@@ -360,6 +360,7 @@ def simsd_round(tsess, dsess, block, pos, n_masked, step, rule, accept_drafts, d
     # accept and commit: the accepted drafts, and the target's own step or correction after
     # them, make the new block; the next round drafts from it
     block, accepted, steps, why, crossed = accept_drafts(logits, copies, counts, d, step, rule, generator)
+    tsess.keep(*crossed)                                             # (with copy_commit)
     return block, accepted, steps, why, [copies[j] for j in crossed]
 
 
@@ -405,7 +406,7 @@ def check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_sto
 def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifier="copies",
                    acceptance="lossless", gamma=None, gate=GATE, draft_threshold=DRAFT_THRESHOLD,
                    draft_stop=DRAFT_STOP, rope_copy=True, order="tau", fuse_commit=True, eos_id=None,
-                   generator=None, on_block=None, lookahead=None, cost_sized=True):
+                   generator=None, on_block=None, lookahead=None, cost_sized=True, copy_commit=True):
     """SimSD decoding. target, drafter: Transformers sharing a tokenizer (batch 1). rule: the
     target's DecodeRule; the drafter samples with the same settings. verifier, acceptance: see
     the module docstring; gamma: most tokens drafted a round (default B, and B more a lookahead
@@ -413,8 +414,9 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     past the current one the drafter may draft (verifier "copies"; default LOOKAHEAD): a round
     that finishes its block goes on into the next, in the same target forward (never past
     max_new_tokens). cost_sized: verify only the drafts that pay for themselves by this device's
-    forward cost (Draft.sized). rope_copy=False, order="position": the paper's ablations.
-    generator: the target's stream; the drafter's is seeded from it (lossless: plain's tokens)."""
+    forward cost (Draft.sized). copy_commit: a block finished ahead is committed from its copy
+    (decode.Session.keep). rope_copy=False, order="position": the paper's ablations. generator:
+    the target's stream; the drafter's is seeded from it (lossless: plain's tokens)."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order, lookahead)
@@ -426,12 +428,11 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     t0, hist, ends, stops = time.perf_counter(), Counter(), Counter(), stop_ids(c, eos_id)  # ends: why rounds end
     scratch = (gamma + lookahead + 4) * B if verifier == "copies" else 4 * B
     cost = forward_cost(target, B) if cost_sized and verifier == "copies" else None
-    tsess = Session(target, B, len(ids) + max_new_tokens + scratch, fuse_commit)
+    tsess = Session(target, B, len(ids) + max_new_tokens + scratch, fuse_commit, copy_commit)
     dsess = Session(drafter, B, len(ids) + max_new_tokens + (lookahead + 3) * B, fuse_commit)
     draft_kw = dict(gamma=gamma, draft_threshold=draft_threshold, draft_stop=draft_stop, generator=None if generator
                     is None else torch.Generator(generator.device).manual_seed(generator.initial_seed() + 1))
-    accept_drafts = dict(paper=accept_paper, gated=partial(accept_gated, gate=gate),
-                         lossless=accept_lossless)[acceptance]
+    accept_drafts = dict(paper=accept_paper, gated=partial(accept_gated, gate=gate), lossless=accept_lossless)[acceptance]
     ahead = []   # (block, step): blocks a round finished past its own, then the one it ended in
 
     def fill_block(block, pos, n_masked, room):

@@ -201,20 +201,20 @@ def draft_copies(ranked, state, block, graph, budget, rule, cross, stops, cost=N
 
 @torch.no_grad()
 def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, draft_budget=DRAFT_BUDGET,
-                    fuse_commit=True, eos_id=None, generator=None, on_block=None, record=None, cost_sized=True):
+                    fuse_commit=True, eos_id=None, generator=None, on_block=None, record=None, cost_sized=True,
+                    copy_commit=True):
     """Spiffy decoding; decode.generate's arguments and output, plus graph: a calibrated graph
     (load_graph; None: plain decoding); draft_budget: D*, the most copies a forward verifies
-    besides the block's own state; cost_sized: only those that pay for themselves by this
-    device's forward cost (draft_copies); record(states, logits): per block, its trajectory
-    (calibrate). A finishing draft brings the next block's first state (stats: blocks_ahead)."""
+    besides the block's own state; cost_sized: only those that pay by this device's forward cost
+    (draft_copies); record(states, logits): per block, its trajectory (calibrate). A finishing
+    draft brings the next block's first state (blocks_ahead); copy_commit: see Session.keep."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     if draft_budget < 1:
         raise ValueError(f"draft budget D* must be >= 1, got {draft_budget}")
     ids = check_prompt(prompt, c, max_new_tokens, model.embed.weight.device)
-    B, t0 = rule.block_size, time.perf_counter()
-    sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 4) * B, fuse_commit)
-    stops = stop_ids(c, eos_id)
+    B, t0, stops = rule.block_size, time.perf_counter(), stop_ids(c, eos_id)
+    sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 4) * B, fuse_commit, copy_commit)
     advanced, verified, crossings = Counter(), Counter(), Counter()
     k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0) if graph else 0
     cost = forward_cost(model, B) if graph and cost_sized else None
@@ -242,6 +242,7 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
             verified[len(copies) - 1] += 1
             if crossed:                                          # finished blocks: the first is this one
                 crossings["blocks"] += len(crossed)
+                sess.keep(*(j for _, j in crossed))
                 finished.extend((copies[j], host[j]) for _, j in crossed)
                 if rule.mask_id in state:
                     started.append((block, state, len(path) - crossed[-1][0], ranked))
@@ -258,8 +259,7 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None, dra
     seconds = time.perf_counter() - t0
     return out, dict(stop=stop, nfe=sess.nfe, rows=dict(sess.rows), tokens=len(out), seconds=seconds,
                      tokens_per_s=len(out) / seconds, steps_per_forward=dict(sorted(advanced.items())),
-                     nodes_per_forward=dict(sorted(verified.items())), blocks_ahead=crossings["blocks"],
-                     lookahead=1)   # a round can finish its block and step into the next
+                     nodes_per_forward=dict(sorted(verified.items())), blocks_ahead=crossings["blocks"], lookahead=1)
 
 
 def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):

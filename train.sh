@@ -2,7 +2,7 @@
 # The embedded pair from nothing, every step of it (docs/results.md, "The embedded models"):
 # the data, the two training stages, the Spiffy graphs, the report.
 #
-#   bash train.sh            # about 2 hours on 2 CPU cores; run it again to go on after a stop
+#   bash train.sh            # about 4 hours on 2 CPU cores; run it again to go on after a stop
 #
 # Each step is train.py (or spiffy.py) with the flags below. A finished step leaves
 # out/<step>.done and is skipped the next time; an interrupted one goes on from its last
@@ -29,7 +29,12 @@ for preset in drafter target; do
     step "$preset-1" --preset "$preset"                              # stage one: every token noised
     step "$preset-2" --preset "$preset" --finetune                   # stage two: answers only
 done
-# (The copy phases tried after these, docs/results.md "Copying the question's people and
-# things", are steps like: step target-3 --preset target --finetune --copy-weight 10 ...)
+# Copying the question's people and things (docs/results.md): the answer tokens that name what
+# the question names weigh more, at stage two's low end of the rate, then less and less.
+step target-3 --preset target --finetune --copy-weight 30 --iters 800 --lr 1.5e-4 --warmup 0 --eval-every 200
+step target-4 --preset target --finetune --copy-weight 10 --iters 400 --lr 1e-4 --warmup 0 --eval-every 200
+step target-5 --preset target --finetune --copy-weight 3 --iters 400 --lr 1e-4 --warmup 0 --eval-every 200
+step drafter-3 --preset drafter --finetune --copy-weight 10 --iters 400 --lr 2e-3 --warmup 20 --eval-every 200
+step drafter-4 --preset drafter --finetune --copy-weight 10 --iters 800 --lr 5e-4 --warmup 0 --eval-every 200
 python spiffy.py --calibrate                                         # the graphs, next to the target
 python train.py --report

@@ -1,9 +1,10 @@
 """Tests for decode.py's DecodeRule against SDAR's own decoder and its stated semantics.
 
-- The embedded target decodes exactly as SDAR's block_diffusion_generate does: the fixture
+- A trained target decodes exactly as SDAR's block_diffusion_generate does: the fixture
   holds SDAR's outputs and forward counts (greedy, static and threshold, B = 4 / 8 / 32,
   prompts off the block grid; how it was produced is in its "produced_by" field and the
-  README); SDAR's code is not in this repository.
+  README) for the embedded target as it was then, kept beside it in fixtures/sdar_target;
+  SDAR's code is not in this repository.
 - Constructed cases for what the fixture cannot tell apart: the confidence counts the mask
   token, the threshold is strict, and each strategy reveals what it says.
 
@@ -25,7 +26,7 @@ SDAR = json.loads((Path(__file__).parent / "fixtures" / "sdar_reference.json").r
 
 @pytest.fixture(scope="module")
 def target():
-    return Transformer.from_pretrained(ROOT / "models/target", dtype=torch.float32)
+    return Transformer.from_pretrained(Path(__file__).parent / "fixtures" / "sdar_target", dtype=torch.float32)
 
 
 @pytest.mark.parametrize("B", [4, 8, 32])

@@ -94,17 +94,10 @@ class Draft:
         return Draft(self.pos[:k], self.tokens[:k], self.p_draft[:k], self.tau[:k], per, self.mask_id)
 
     def sized(self, cost):
-        """The prefix worth verifying: the most expected steps a second, a drafted state
-        reached with the product of the drafter's probabilities of the drafts before it, by
-        the measured cost(n copies) of a forward (verify.forward_cost). A host sync."""
+        """The prefix worth verifying (worth_verifying): the product of the drafter's
+        probabilities of each draft's tokens as the chance its state is reached. A host sync."""
         chance = self.p_draft.gather(-1, self.tokens[:, None]).squeeze(-1).cumprod(0).tolist()
-        per, value, best = self.per_block or [len(self.pos)], 1.0, (1.0 / cost(1), 0)
-        ends = {sum(per[:b + 1]) for b in range(len(per) - 1)}       # drafts that end a block
-        for k in range(1, len(chance) + 1):
-            value += chance[k - 1]
-            copies = k + 1 + sum(e <= k for e in ends)
-            best = max(best, (value / cost(copies), k))
-        return self.prefix(best[1])
+        return self.prefix(worth_verifying(chance, self.per_block or [len(self.pos)], cost))
 
     def tree(self, n_masked, B):
         """As verify_copies and walk take them, for states(): each copy's number of masks
@@ -119,8 +112,21 @@ class Draft:
         return counts, parent if len(self.per_block or ()) > 1 else None, src
 
 
+def worth_verifying(chance, per_block, cost):
+    """How many drafts to verify: the prefix with the most expected steps a second, drafted
+    state k reached with chance[k - 1] (one step for the block's own state), by the measured
+    cost(n copies) of a forward (verify.forward_cost); a draft that ends a block brings the
+    next block's first copy with it. Host floats and ints."""
+    ends = {sum(per_block[:b + 1]) for b in range(len(per_block) - 1)}   # drafts that end a block
+    value, best = 1.0, (1.0 / cost(1), 0)
+    for k in range(1, len(chance) + 1):
+        value += chance[k - 1]
+        best = max(best, (value / cost(k + 1 + sum(e <= k for e in ends)), k))
+    return best[1]
+
+
 def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, generator=None,
-          lookahead=0, stops=()):
+          lookahead=0, stops=(), cost=None):
     """The drafter's decoding, for up to gamma tokens. Positions are ranked by the confidence of
     their most likely token, not of the token drawn there, so which position gets drafted does
     not depend on the draw: the proposal at a drafted position is exactly p_draft, as
@@ -128,8 +134,11 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
     draft_threshold; drafting stops once the best confidence left is below draft_stop.
     lookahead: once the block is drafted whole (and holds none of the `stops` ids), draft on
     into up to that many later blocks, the drafted block committed to the drafter's cache
-    tentatively; the cache is rolled back after (the static cache's rows are overwritten)."""
-    B, block, rows, per_block, base = rule.block_size, block.clone(), [], [0], None
+    tentatively; the cache is rolled back after (the static cache's rows are overwritten).
+    cost (verify.forward_cost): also stop once the newest drafts are past the prefix worth
+    verifying (worth_verifying): they would be drafted for nothing, and later drafts, each
+    less likely, pay less still."""
+    B, block, rows, per_block, base, chance = rule.block_size, block.clone(), [], [0], None, []
     left = min(gamma, int((block == rule.mask_id).sum()) + lookahead * B)   # host sync
     while left > 0:
         masked = (block == rule.mask_id).nonzero().squeeze(-1)       # (m,): the rows read
@@ -152,6 +161,11 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
         rows.append((masked[take] + B * (len(per_block) - 1), tok, p[take]))
         per_block[-1] += len(take)
         left -= len(take)
+        if cost:                                                     # host sync
+            last = chance[-1] if chance else 1.0
+            chance += [last * c for c in p[take].gather(-1, tok[:, None]).squeeze(-1).cumprod(0).tolist()]
+            if worth_verifying(chance, per_block, cost) < len(chance):
+                break
         if draft_stop and len(take) < len(conf) and conf[len(take)] < draft_stop:  # host sync
             break
     if base is not None:                                             # roll the cache back
@@ -348,7 +362,7 @@ def simsd_round(tsess, dsess, block, pos, n_masked, step, rule, accept_drafts, d
     -> (new block, drafts accepted, target steps taken in the new block's block, why the round
     ended, the blocks it finished on the way (lookahead), in order)."""
     # draft: the drafter decodes the block its own way, up to gamma tokens (and on, ahead)
-    d = draft(dsess, block, pos, rule, **draft_kw, lookahead=lookahead, stops=stops)
+    d = draft(dsess, block, pos, rule, **draft_kw, lookahead=lookahead, stops=stops, cost=cost)
     d = d.sized(cost) if cost else d
     # verify: the block before each draft and after the last as whole-block copies (copy k:
     # drafts 1..k revealed, n_masked - k masks left; with lookahead, then the next block's

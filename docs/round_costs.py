@@ -1,7 +1,7 @@
 """Where a round's time goes (docs/results.md): --spec simsd and --spec spiffy at B = 4, wall
-time of each part of their rounds summed over 40 held-out problems, one method after the other
-(not interleaved), one thread, against threshold decoding's total. Each part is timed by
-wrapping the function that does it.
+time of each part of their rounds summed over 40 held-out problems, with the forwards
+counted, one method after the other (not interleaved), one thread, against threshold
+decoding's total. Each part is timed by wrapping the function that does it.
 
     python docs/round_costs.py
 """
@@ -48,10 +48,13 @@ for name, run in (("threshold", lambda ids: decode.generate(target, ids, 64, rul
                   ("simsd", lambda ids: speculate.simsd_generate(target, drafter, ids, 64, rule)),
                   ("spiffy", lambda ids: spiffy.spiffy_generate(target, ids, 64, rule, graph))):
     run(prompts[0])                                           # warm-up (its parts are counted too)
-    t0, toks = time.perf_counter(), 0
+    t0, counts = time.perf_counter(), defaultdict(int)
     for ids in prompts:
-        toks += run(ids)[1]["tokens"]
+        st = run(ids)[1]
+        for k in ("tokens", "nfe", "nfe_draft"):
+            counts[k] += st.get(k, 0)
     T[f"{name}: total"] = time.perf_counter() - t0
-    T[f"{name}: tokens"] = toks
+    for k, v in counts.items():
+        T[f"{name}: {k}"] = v
 for k, v in T.items():
     print(f"{k:45s} {v:8.3f}")

@@ -244,6 +244,22 @@ def test_a_draft_is_cut_to_the_prefix_that_pays():
     assert four.per_block == [4, 0] and len(four.states(torch.full((B,), MASK_ID))) == 6
 
 
+def test_the_drafter_stops_where_its_drafts_would_not_be_verified():
+    """With the forward cost, draft stops once its newest drafts fall past the prefix worth
+    verifying: a flat cost (every draft pays) drafts what no cost drafts, a steep one (no
+    draft pays) stops after the drafter's first forward; what it drafted is the same prefix."""
+    B = 4
+    drafter = make_model(n_layer=1, block_size=B, seed=3)
+    rule = DecodeRule(MASK_ID, B)
+    sess = Session(drafter, B, 12 * B)
+    sess.prefill(torch.tensor(tokens(2 * B, 5)))
+    block, pos = torch.full((B,), MASK_ID), torch.arange(2 * B, 3 * B)
+    drafts = {name: speculate.draft(sess, block, pos, rule, 3 * B, lookahead=2, cost=cost)
+              for name, cost in (("none", None), ("flat", lambda n: 1.0), ("steep", lambda n: float(n) ** 3))}
+    assert torch.equal(drafts["flat"].pos, drafts["none"].pos) and drafts["none"].per_block == [B, B, B]
+    assert drafts["steep"].per_block == [1] and torch.equal(drafts["steep"].tokens, drafts["none"].tokens[:1])
+
+
 def test_the_forward_cost_is_measured_and_grows_with_the_copies():
     cost = MEASURE_COST(make_model(n_layer=2, block_size=4), 4, repeats=1)
     assert 0 < cost(1) <= cost(2) <= cost(16) <= cost(20) and cost(3) <= cost(4)

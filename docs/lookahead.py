@@ -1,0 +1,60 @@
+"""Why SimSD's lookahead past one block changes little at B = 8 and 32 (docs/results.md): counts,
+exact on any machine. For each B and K, greedy, threshold rule, 64 new tokens, every copy
+verified: how many blocks each round's draft reached, why it stopped there (the drafter's
+confidence fell below draft_stop inside a block; a stop id ended a drafted block; it reached
+the K + 1 blocks allowed, fewer where max_new_tokens leaves less room), and how many blocks the
+target's walk finished. Drafts that reach far but walks that finish few: the target's steps
+limit the lookahead; drafts that stop short: the drafter does.
+
+    python docs/lookahead.py 40          # problems
+"""
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cli  # noqa: E402
+import speculate  # noqa: E402
+from prepare import problems  # noqa: E402
+
+torch.set_num_threads(1)
+target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", (4, 8, 32))
+reached, finished, why = Counter(), Counter(), Counter()
+draft, accept = speculate.draft, speculate.accept_lossless
+
+
+def drafted(*args, **kw):
+    d = draft(*args, **kw)
+    reached[len(d.per_block)] += 1
+    B, allowed = args[3].block_size, kw["lookahead"] + 1
+    full = not (d.states(args[1])[-1] == args[3].mask_id).any()
+    why["confidence" if not full else "allowed" if len(d.per_block) == allowed else "stop id"] += 1
+    why["room"] += allowed < K + 1
+    return d
+
+
+def accepted(*args, **kw):
+    out = accept(*args, **kw)
+    finished[len(out[4])] += 1
+    return out
+
+
+speculate.draft, speculate.accept_lossless = drafted, accepted
+prompts = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(int(sys.argv[1]), "test")]
+print("B  K  rounds  tokens/fwd   draft reached 1 / 2 / 3 / 4 blocks   stopped by confidence / stop id / "
+      "blocks allowed (of them, fewer for room)   walk finished 0 / 1 / 2 / 3 blocks")
+for B in (4, 8, 32):
+    rule = cli.make_rule(target, B, cli.THRESHOLD)
+    for K in range(4):
+        reached.clear(), finished.clear(), why.clear()
+        tokens = nfe = 0
+        for ids in prompts:
+            out, st = speculate.simsd_generate(target, drafter, ids, 64, rule, lookahead=K, cost_sized=False)
+            tokens, nfe = tokens + len(out), nfe + st["nfe"]
+        n = sum(reached.values())
+        share = lambda c, k: f"{100 * c[k] / n:4.0f}%"      # noqa: E731
+        print(f"{B:<2} {K}  {n:6}  {tokens / nfe:10.2f}   " + " / ".join(share(reached, k) for k in range(1, 5))
+              + "   " + " / ".join(share(why, k) for k in ("confidence", "stop id", "allowed"))
+              + f" ({share(why, 'room').strip()})   " + " / ".join(share(finished, k) for k in range(4)))

@@ -18,6 +18,7 @@ differently, so a near-tie can go the other way: bench.py reports the agreement 
 Spiffy's copies come from its draft graph (spiffy.py), SimSD's from the drafter (speculate.py).
 """
 import bisect
+import itertools
 import time
 import weakref
 
@@ -57,23 +58,24 @@ def forward_cost(model, B):
     return costs[B]
 
 
-def measure_cost(model, B, repeats=3):
+def measure_cost(model, B, repeats=5):
     """forward_cost's measurement: forwards of n = 1, 2, 4, 8, 16 all-mask copies after two
-    blocks of cache, the fastest of `repeats` each; linear between and past."""
+    blocks of cache, the fastest of `repeats` each, taken in turns (1, 2, ..., 16, 1, 2, ...)
+    so that a slow spell of the machine spreads over every n; linear between and past."""
     device, mask_id = model.embed.weight.device, model.config.mask_token_id
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sess = Session(model, B, 19 * B)
     sess.prefill(torch.zeros(2 * B, dtype=torch.long, device=device))
-    pos, ns, ts = torch.arange(2 * B, 3 * B, device=device), (1, 2, 4, 8, 16), []
-    for n in ns:
-        times = []
-        for _ in range(repeats + 1):                                  # the first: a warm-up
+    pos, ns = torch.arange(2 * B, 3 * B, device=device), (1, 2, 4, 8, 16)
+    times = {n: [] for n in ns}
+    for _ in range(repeats + 1):                                      # the first: a warm-up
+        for n in ns:
             sync()
             t0 = time.perf_counter()
             verify_copies(sess, torch.full((n, B), mask_id, device=device), pos, [B] * n, mask_id)
             sync()
-            times.append(time.perf_counter() - t0)
-        ts.append(max([min(times[1:])] + ts[-1:]))                    # more copies never cheaper
+            times[n].append(time.perf_counter() - t0)
+    ts = list(itertools.accumulate((min(times[n][1:]) for n in ns), max))   # more copies never cheaper
 
     def cost(n):
         i = min(max(bisect.bisect_left(ns, n), 1), len(ns) - 1)      # the segment n is on (or past)

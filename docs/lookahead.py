@@ -5,6 +5,9 @@ confidence fell below draft_stop inside a block; a stop id ended a drafted block
 the K + 1 blocks allowed, fewer where max_new_tokens leaves less room), and how many blocks the
 target's walk finished. Drafts that reach far but walks that finish few: the target's steps
 limit the lookahead; drafts that stop short: the drafter does.
+Then --spec simsd as it runs (K = 3, copies sized to this machine's measured forward cost, so
+these counts are this machine's): how many drafted tokens the sizing verifies, with the
+drafter stopping where its drafts fall past the prefix worth verifying, and without.
 
     python docs/lookahead.py 40          # problems
 """
@@ -28,7 +31,7 @@ draft, accept = speculate.draft, speculate.accept_lossless
 def drafted(*args, **kw):
     d = draft(*args, **kw)
     reached[len(d.per_block)] += 1
-    B, allowed = args[3].block_size, kw["lookahead"] + 1
+    allowed = kw["lookahead"] + 1
     full = not (d.states(args[1])[-1] == args[3].mask_id).any()
     why["confidence" if not full else "allowed" if len(d.per_block) == allowed else "stop id"] += 1
     why["room"] += allowed < K + 1
@@ -41,7 +44,16 @@ def accepted(*args, **kw):
     return out
 
 
-speculate.draft, speculate.accept_lossless = drafted, accepted
+sized, cut = speculate.Draft.sized, Counter()
+
+
+def verified(d, cost):
+    kept = sized(d, cost)
+    cut["drafted"], cut["verified"] = cut["drafted"] + len(d.pos), cut["verified"] + len(kept.pos)
+    return kept
+
+
+speculate.draft, speculate.accept_lossless, speculate.Draft.sized = drafted, accepted, verified
 prompts = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(int(sys.argv[1]), "test")]
 print("B  K  rounds  tokens/fwd   draft reached 1 / 2 / 3 / 4 blocks   stopped by confidence / stop id / "
       "blocks allowed (of them, fewer for room)   walk finished 0 / 1 / 2 / 3 blocks")
@@ -58,3 +70,15 @@ for B in (4, 8, 32):
         print(f"{B:<2} {K}  {n:6}  {tokens / nfe:10.2f}   " + " / ".join(share(reached, k) for k in range(1, 5))
               + "   " + " / ".join(share(why, k) for k in ("confidence", "stop id", "allowed"))
               + f" ({share(why, 'room').strip()})   " + " / ".join(share(finished, k) for k in range(4)))
+print("B  drafter stop  drafted tokens  verified  drafter forwards / token  tokens / target forward")
+for B in (4, 8, 32):
+    rule = cli.make_rule(target, B, cli.THRESHOLD)
+    for stop in (True, False):
+        speculate.draft = drafted if stop else lambda *a, cost=None, **kw: drafted(*a, **kw)
+        cut.clear()
+        tokens = nfe = nfe_draft = 0
+        for ids in prompts:
+            out, st = speculate.simsd_generate(target, drafter, ids, 64, rule)
+            tokens, nfe, nfe_draft = tokens + len(out), nfe + st["nfe"], nfe_draft + st["nfe_draft"]
+        print(f"{B:<2} {'yes' if stop else 'no':12}  {cut['drafted']:14}  {cut['verified'] / cut['drafted']:8.0%}  "
+              f"{nfe_draft / tokens:24.3f}  {tokens / nfe:23.2f}")

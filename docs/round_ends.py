@@ -46,6 +46,7 @@ speculate.accept_lossless = wrapped
 for B in (4, 8):
     rule = cli.make_rule(target, B, cli.THRESHOLD)
     for p in problems(int(sys.argv[1]), "test"):
-        speculate.simsd_generate(target, drafter, tok.encode(f"Question: {p['question']}\nAnswer:"), 64, rule, cost_sized=False)
+        ids = tok.encode(f"Question: {p['question']}\nAnswer:")
+        speculate.simsd_generate(target, drafter, ids, 64, rule, lookahead=1, cost_sized=False)
 for k, v in sorted(why.items()):
     print(f"B={k[0]}: {k[1]}: {v} rounds")

@@ -192,15 +192,19 @@ def test_spiffy_goes_on_into_the_next_block_and_stops_where_plain_decoding_does(
     assert ahead, "vacuous: no round went on into the next block"
 
 
+def drafting(B=4):
+    """A one-layer drafter's session after two blocks of prompt, and the next block (all masks)."""
+    drafter = make_model(n_layer=1, block_size=B, seed=3)
+    sess = Session(drafter, B, 12 * B)
+    sess.prefill(torch.tensor(tokens(2 * B, 5)))
+    return sess, DecodeRule(MASK_ID, B), torch.full((B,), MASK_ID), torch.arange(2 * B, 3 * B)
+
+
 def test_the_drafters_tentative_commits_are_rolled_back():
     """Drafting ahead commits the drafted block to the drafter's cache for a while: after the
     round its session is where it was, and drafting again drafts the same."""
     B = 4
-    drafter = make_model(n_layer=1, block_size=B, seed=3)
-    rule = DecodeRule(MASK_ID, B)
-    sess = Session(drafter, B, 12 * B)
-    sess.prefill(torch.tensor(tokens(2 * B, 5)))
-    block, pos = torch.full((B,), MASK_ID), torch.arange(2 * B, 3 * B)
+    sess, rule, block, pos = drafting(B)
     first = speculate.draft(sess, block, pos, rule, 3 * B, lookahead=2)
     assert first.per_block == [B, B, B] and (sess.committed, sess.pending) == (2 * B, None)
     again = speculate.draft(sess, block, pos, rule, 3 * B, lookahead=2)
@@ -249,11 +253,7 @@ def test_the_drafter_stops_where_its_drafts_would_not_be_verified():
     verifying: a flat cost (every draft pays) drafts what no cost drafts, a steep one (no
     draft pays) stops after the drafter's first forward; what it drafted is the same prefix."""
     B = 4
-    drafter = make_model(n_layer=1, block_size=B, seed=3)
-    rule = DecodeRule(MASK_ID, B)
-    sess = Session(drafter, B, 12 * B)
-    sess.prefill(torch.tensor(tokens(2 * B, 5)))
-    block, pos = torch.full((B,), MASK_ID), torch.arange(2 * B, 3 * B)
+    sess, rule, block, pos = drafting(B)
     drafts = {name: speculate.draft(sess, block, pos, rule, 3 * B, lookahead=2, cost=cost)
               for name, cost in (("none", None), ("flat", lambda n: 1.0), ("steep", lambda n: float(n) ** 3))}
     assert torch.equal(drafts["flat"].pos, drafts["none"].pos) and drafts["none"].per_block == [B, B, B]

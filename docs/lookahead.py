@@ -7,7 +7,8 @@ target's walk finished. Drafts that reach far but walks that finish few: the tar
 limit the lookahead; drafts that stop short: the drafter does.
 Then --spec simsd as it runs (K = 3, copies sized to this machine's measured forward cost, so
 these counts are this machine's): how many drafted tokens the sizing verifies, with the
-drafter stopping where its drafts fall past the prefix worth verifying, and without.
+drafter stopping where its drafts fall past the prefix worth verifying, and without; and the
+drafter forwards an oracle would spend, stopping right after the last draft the round accepts.
 
     python docs/lookahead.py 40          # problems
 """
@@ -41,6 +42,7 @@ def drafted(*args, **kw):
 def accepted(*args, **kw):
     out = accept(*args, **kw)
     finished[len(out[4])] += 1
+    cut["oracle"] += int(args[3].tau[out[1] - 1]) if out[1] else 0    # forwards up to the last accepted
     return out
 
 
@@ -70,15 +72,16 @@ for B in (4, 8, 32):
         print(f"{B:<2} {K}  {n:6}  {tokens / nfe:10.2f}   " + " / ".join(share(reached, k) for k in range(1, 5))
               + "   " + " / ".join(share(why, k) for k in ("confidence", "stop id", "allowed"))
               + f" ({share(why, 'room').strip()})   " + " / ".join(share(finished, k) for k in range(4)))
-print("B  drafter stop  drafted tokens  verified  drafter forwards / token  tokens / target forward")
+print("B  copies               drafted tokens  verified  drafter forwards / token (oracle)  tokens / target forward")
 for B in (4, 8, 32):
     rule = cli.make_rule(target, B, cli.THRESHOLD)
-    for stop in (True, False):
+    for name, stop, size in (("sized, drafter stop", True, True), ("sized, no stop", False, True), ("all", True, False)):
         speculate.draft = drafted if stop else lambda *a, cost=None, **kw: drafted(*a, **kw)
         cut.clear()
         tokens = nfe = nfe_draft = 0
         for ids in prompts:
-            out, st = speculate.simsd_generate(target, drafter, ids, 64, rule)
+            out, st = speculate.simsd_generate(target, drafter, ids, 64, rule, cost_sized=size)
             tokens, nfe, nfe_draft = tokens + len(out), nfe + st["nfe"], nfe_draft + st["nfe_draft"]
-        print(f"{B:<2} {'yes' if stop else 'no':12}  {cut['drafted']:14}  {cut['verified'] / cut['drafted']:8.0%}  "
-              f"{nfe_draft / tokens:24.3f}  {tokens / nfe:23.2f}")
+        verified = f"{cut['verified'] / cut['drafted']:8.0%}" if size else "    100%"
+        print(f"{B:<2} {name:20} {cut['drafted'] if size else '':>15}  {verified}  "
+              f"{nfe_draft / tokens:24.3f} ({cut['oracle'] / tokens:.3f})  {tokens / nfe:15.2f}")

@@ -8,7 +8,10 @@ limit the lookahead; drafts that stop short: the drafter does.
 Then --spec simsd as it runs (K = 3, copies sized to this machine's measured forward cost, so
 these counts are this machine's): how many drafted tokens the sizing verifies, with the
 drafter stopping where its drafts fall past the prefix worth verifying, and without; and the
-drafter forwards an oracle would spend, stopping right after the last draft the round accepts.
+drafter forwards an oracle would spend, stopping right after the last draft the round accepts;
+how many of the drafts the sizing cut came from the drafter's last forward; and the drafts the
+sizing expects accepted (the sum of the products of the drafter's probabilities, its proxy)
+against those the walk accepted.
 
     python docs/lookahead.py 40          # problems
 """
@@ -42,7 +45,10 @@ def drafted(*args, **kw):
 def accepted(*args, **kw):
     out = accept(*args, **kw)
     finished[len(out[4])] += 1
-    cut["oracle"] += int(args[3].tau[out[1] - 1]) if out[1] else 0    # forwards up to the last accepted
+    d = args[3]
+    cut["oracle"] += int(d.tau[out[1] - 1]) if out[1] else 0         # forwards up to the last accepted
+    cut["expected"] += float(d.p_draft.gather(-1, d.tokens[:, None]).squeeze(-1).cumprod(0).sum())
+    cut["accepted"] += out[1]
     return out
 
 
@@ -52,6 +58,7 @@ sized, cut = speculate.Draft.sized, Counter()
 def verified(d, cost):
     kept = sized(d, cost)
     cut["drafted"], cut["verified"] = cut["drafted"] + len(d.pos), cut["verified"] + len(kept.pos)
+    cut["cut in last"] += int((d.tau[len(kept.pos):] == d.tau[-1]).sum()) if len(d.tau) else 0
     return kept
 
 
@@ -72,7 +79,8 @@ for B in (4, 8, 32):
         print(f"{B:<2} {K}  {n:6}  {tokens / nfe:10.2f}   " + " / ".join(share(reached, k) for k in range(1, 5))
               + "   " + " / ".join(share(why, k) for k in ("confidence", "stop id", "allowed"))
               + f" ({share(why, 'room').strip()})   " + " / ".join(share(finished, k) for k in range(4)))
-print("B  copies               drafted tokens  verified  drafter forwards / token (oracle)  tokens / target forward")
+print("B  copies               drafted tokens  verified  cut, from the last forward  drafter forwards / token "
+      "(oracle)  tokens / target forward  drafts expected / accepted")
 for B in (4, 8, 32):
     rule = cli.make_rule(target, B, cli.THRESHOLD)
     for name, stop, size in (("sized, drafter stop", True, True), ("sized, no stop", False, True), ("all", True, False)):
@@ -82,6 +90,8 @@ for B in (4, 8, 32):
         for ids in prompts:
             out, st = speculate.simsd_generate(target, drafter, ids, 64, rule, cost_sized=size)
             tokens, nfe, nfe_draft = tokens + len(out), nfe + st["nfe"], nfe_draft + st["nfe_draft"]
-        verified = f"{cut['verified'] / cut['drafted']:8.0%}" if size else "    100%"
-        print(f"{B:<2} {name:20} {cut['drafted'] if size else '':>15}  {verified}  "
-              f"{nfe_draft / tokens:24.3f} ({cut['oracle'] / tokens:.3f})  {tokens / nfe:15.2f}")
+        kept = f"{cut['verified'] / cut['drafted']:8.0%}" if size else "    100%"
+        last = f"{cut['cut in last']} of {cut['drafted'] - cut['verified']}" if size else ""
+        print(f"{B:<2} {name:20} {cut['drafted'] if size else '':>15}  {kept}  {last:>26}  "
+              f"{nfe_draft / tokens:24.3f} ({cut['oracle'] / tokens:.3f})  {tokens / nfe:23.2f}  "
+              f"{cut['expected']:.0f} / {cut['accepted']}")

@@ -182,6 +182,20 @@ def check_args(preset, iters, batch_size, seq_len, lr, warmup, eval_every, eval_
     check_device(device)
 
 
+def check_block_weights(text):
+    """--block-weights "1,1,4": one weight >= 0 per block size in BLOCK_SIZES, not all 0."""
+    if text is None:
+        return None
+    try:
+        w = [float(v) for v in str(text).split(",")]
+    except ValueError:
+        w = []
+    if len(w) != len(BLOCK_SIZES) or min(w) < 0 or sum(w) <= 0 or not all(map(math.isfinite, w)):
+        raise ValueError(f"--block-weights must be {len(BLOCK_SIZES)} numbers >= 0, not all 0, one per "
+                         f"block size {BLOCK_SIZES} (e.g. 1,1,4); got {text!r}")
+    return torch.tensor(w)
+
+
 def check_data(data_dir, seq_len):
     """prepare.py's output: meta.json, the tokenizer (copied next to the model at the end) and
     the three token files, checked before training, not at the first evaluation. -> meta"""
@@ -234,9 +248,10 @@ def load_checkpoint(path, model, opt, config, iters, device):
 def main(preset="target", data_dir="data", out_dir=None, iters=None, batch_size=16, seq_len=256,
          lr=None, warmup=None, weight_decay=0.1, grad_clip=1.0, eval_every=250, eval_batches=4,
          seed=1337, resume=False, device="cpu", threads=None, ckpt_dir=None, finetune=False,
-         copy_weight=1.0):
+         copy_weight=1.0, block_weights=None):
     """Stage one, or with finetune stage two from stage one's model in out_dir (module doc)."""
     check_args(preset, iters, batch_size, seq_len, lr, warmup, eval_every, eval_batches, threads, device)
+    block_weights = check_block_weights(block_weights)
     stage = PRESETS[preset]["finetune"] if finetune else PRESETS[preset]
     iters, lr, warmup = iters or stage["iters"], lr or stage["lr"], stage["warmup"] if warmup is None else warmup
     data_dir, out_dir = Path(data_dir), Path(out_dir or f"models/{preset}")
@@ -262,7 +277,7 @@ def main(preset="target", data_dir="data", out_dir=None, iters=None, batch_size=
     ckpt_file.parent.mkdir(parents=True, exist_ok=True)
     t0, save = time.time(), lambda it: save_checkpoint(ckpt_file, model, opt, it, config, log)
     fit(model, opt, batches, log, lambda: report.evaluate(model, val, seq_len, batch_size, eval_batches),
-        save, start, iters, lr, warmup, batch_size, grad_clip, eval_every, seed, finetune)
+        save, start, iters, lr, warmup, batch_size, grad_clip, eval_every, seed, finetune, block_weights)
     save(iters)
     model.save_pretrained(out_dir, dtype=torch.float16)
     with util.atomic_write(out_dir / "tokenizer.model") as tmp:
@@ -297,9 +312,10 @@ def build(preset, meta, data_dir, stage_one, device, lr, weight_decay):
 
 
 def fit(model, opt, batches, log, evaluate, save, start, iters, lr, warmup, batch_size, grad_clip,
-        eval_every, seed, finetune):
+        eval_every, seed, finetune, block_weights=None):
     """Iterations start..iters-1: every eval_every and at the last (not again where a resume
-    starts), log evaluate()'s losses and save(it); then an AdamW step at a random block size."""
+    starts), log evaluate()'s losses and save(it); then an AdamW step at a random block size,
+    each of BLOCK_SIZES equally likely or in proportion to block_weights."""
     dev, seq_len = model.embed.weight.device, batches.seq_len
     g = torch.Generator(dev).manual_seed(seed + start)  # draws on the data's device
     bar, t0, tokens = tqdm(range(start, iters), initial=start, total=iters), time.time(), 0
@@ -311,7 +327,9 @@ def fit(model, opt, batches, log, evaluate, save, start, iters, lr, warmup, batc
             save(it)
         for group in opt.param_groups:
             group["lr"] = lr_at(it, iters, lr, warmup)
-        B = BLOCK_SIZES[torch.randint(len(BLOCK_SIZES), (1,), generator=g, device=g.device).item()]
+        B = BLOCK_SIZES[torch.randint(len(BLOCK_SIZES), (1,), generator=g, device=g.device).item()
+                        if block_weights is None else
+                        torch.multinomial(block_weights.to(dev), 1, generator=g).item()]
         with torch.autocast(dev.type, dtype=torch.bfloat16):   # dev: cpu or cuda (check_device)
             x0, keep, weight = batches(batch_size)
             loss = bd3lm_loss(model, x0.to(dev), B, g, keep.to(dev), weight.to(dev))
@@ -341,6 +359,8 @@ if __name__ == "__main__":
                     "only the answers of the arithmetic documents, EOS-padded (checkpoints in out/<preset>-finetune)")
     ap.add_argument("--copy-weight", type=float, default=1.0,
                     help="stage two: loss weight of the answer tokens the question holds (copies)")
+    ap.add_argument("--block-weights", default=None, help=f"how often each block size {BLOCK_SIZES} is drawn, "
+                    "e.g. 1,1,4 (default: equally)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--report", action="store_true",

@@ -35,7 +35,7 @@ def test_the_guard_fails_a_test_that_leaks_a_compiler_setting(tmp_path):
     shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_inner.py").write_text(INNER)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
-                          "test_inner.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          "test_inner.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))   # the copied conftest imports model
     report = {line.split()[1].split("::")[1]: line.split()[0] for line in run.stdout.splitlines()
               if line.startswith(("PASSED ", "ERROR "))}

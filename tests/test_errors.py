@@ -354,7 +354,7 @@ def results(request, tmp_path_factory):
         status = int(forker.stdout.readline())
         out[case] = (status, stdout.read_text(), stderr.read_text(), before, tree(d), d)
     forker.stdin.close()
-    assert forker.wait(timeout=60) == 0 and forker.stderr.read() == "", "the imports printed"
+    assert forker.wait(timeout=900) == 0 and forker.stderr.read() == "", "the imports printed"
     assert tree(ROOT / "models") == shipped, "a case changed the shipped models"
     return out
 

@@ -10,8 +10,8 @@ from tqdm import tqdm
 import mask as masks
 from cli import load
 from decode import DecodeRule, generate
+from objective import BLOCK_SIZES, Batches, bd3lm_loss
 from prepare import entities_copied, extract_answer, problems
-from train import BLOCK_SIZES, Batches, bd3lm_loss
 
 # the decoding rules the report measures: name -> DecodeRule keywords
 RULES = {"one token a step": {}, "threshold 0.9": dict(strategy="low_confidence_dynamic", threshold=0.9)}

@@ -15,6 +15,14 @@ masked, so the second stage spends the whole arithmetic signal on what decoding 
 answer is followed by 31 more EOS (SDAR's fine-tuning pads responses with EOS the same way), so
 that decoding fills the rest of an answer's last block at once.
 
+Distillation (--distill TARGET_DIR, for a drafter, either stage): the frozen target reads the
+same [x_t ; x_0] as the drafter (eval mode, no grad, the same bf16 autocast), and the loss on
+the masked positions becomes (1 - W) * the cross-entropy to the data (with --copy-weight's
+weights) + W * KL(p_target || p_drafter), W = --distill-weight (default 1: pure distillation,
+since SimSD accepts a drafted token where it is the target's choice, not the data's). The log
+holds the held-out KL (kl/<split>/B<B>, on the windows and noise of the held-out losses) and
+the mean training KL since the last evaluation (train_kl).
+
 On CPU the attention is SDPA with the dense mask (CPU FlexAttention has no backward) under
 bf16 autocast; on CUDA the model is compiled, FlexAttention with it. Every flag and input
 file is checked before anything is printed or written; checkpoints and outputs are written
@@ -25,25 +33,25 @@ to a temporary file and renamed, so an interrupted save leaves the previous chec
     python train.py --preset drafter       # -> models/drafter
     python train.py --preset target --finetune    # stage two, models/target in place
     python train.py --preset drafter --finetune
+    python train.py --preset drafter --finetune --distill models/target   # drafter from target
     python train.py --report                   # held-out loss, accuracy, drafter agreement
     python train.py --preset target --resume   # continue from out/target/ckpt.pt
                                                # (training checkpoints live in out/<preset>,
                                                # out/<preset>-finetune for stage two)
 """
-import argparse, json, math, shutil, time, warnings
+import argparse, hashlib, json, math, shutil, time, warnings
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
-import mask as masks
+import checkpoint
+import report
 import util
 from cli import check_device, load
 from model import ModelConfig, Transformer
-from prepare import ENTITIES
+from objective import BLOCK_SIZES, Batches, bd3lm_loss, distill_loss, entity_ids, held_out_kl
 from tokenizer import load_tokenizer
 
 # model shapes and schedules (the drafter ~5x smaller than the target); finetune: stage two's
@@ -55,106 +63,6 @@ PRESETS = {
     "tiny": dict(model=dict(n_layer=1, n_embd=32, n_head=2, n_kv_head=1, head_dim=16, intermediate_size=64),
                  iters=40, lr=3e-3, warmup=200, finetune=dict(iters=20, lr=3e-3, warmup=5)),
 }
-BLOCK_SIZES = (4, 8, 32)
-
-
-class Batches:
-    """Random windows of `seq_len` tokens from a uint16 token file (documents joined by EOS).
-    Calls return (x, prompt, weight): with answer_ids, prompt marks the question of each
-    arithmetic document (through "Answer:"), which stage two never masks (mark_prompts), and
-    weight is copy_weight at each of `copy_ids` in an answer that its question holds, else 1."""
-
-    def __init__(self, path, seq_len, seed, vocab_size=None, answer_ids=(), eos_id=None, pad=0,
-                 copy_ids=(), copy_weight=1.0):
-        path = Path(path)
-        if not path.is_file() or path.stat().st_size == 0:
-            raise FileNotFoundError(f"corpus file {path} is missing or empty (run prepare.py)")
-        if path.stat().st_size % 2:
-            raise ValueError(f"corpus file {path} is not uint16 tokens (odd size)")
-        self.data = np.fromfile(path, dtype=np.uint16)
-        if len(self.data) < seq_len + 1:
-            raise ValueError(f"corpus file {path} is shorter than one window of {seq_len}")
-        if vocab_size is not None and self.data.max() >= vocab_size:
-            raise ValueError(f"corpus file {path} holds token id {self.data.max()}, outside the "
-                             f"vocabulary of {vocab_size}")
-        self.seq_len, self.rng = seq_len, np.random.default_rng(seed)
-        self.prompt = np.zeros(len(self.data), bool)
-        if answer_ids:
-            self.data, self.prompt = mark_prompts(self.data, answer_ids, eos_id, pad)
-        self.weight = np.where(copied(self.data, self.prompt, eos_id, copy_ids), copy_weight, 1).astype(np.float32)
-
-    def __call__(self, batch_size):
-        idx = self.rng.integers(0, len(self.data) - self.seq_len, batch_size)
-        x, prompt, weight = (np.stack([a[i:i + self.seq_len] for i in idx])
-                             for a in (self.data, self.prompt, self.weight))
-        return torch.from_numpy(x.astype(np.int64)), torch.from_numpy(prompt), torch.from_numpy(weight)
-
-
-def mark_prompts(data, answer_ids, eos_id, pad=0):
-    """-> (data, prompt): prompt is True from the start of each document that holds
-    `answer_ids` through those ids. With pad, `pad` more EOS follow each such document, as
-    SDAR's fine-tuning pads a response with EOS: decoding then reveals the rest of an answer's
-    last block (all EOS) at once instead of guessing the next document there."""
-    n = len(answer_ids)
-    hits = np.flatnonzero(np.all([data[i:len(data) - n + 1 + i] == a
-                                  for i, a in enumerate(answer_ids)], 0))
-    eos = np.flatnonzero(data == eos_id)
-    doc = np.searchsorted(eos, hits)                   # the EOS ending each hit's document
-    starts = np.concatenate([[0], eos + 1])[doc]
-    edges = np.zeros(len(data) + 1, np.int32)
-    np.add.at(edges, starts, 1)
-    np.add.at(edges, hits + n, -1)
-    prompt = np.cumsum(edges[:-1]) > 0
-    at = np.repeat(eos[doc[doc < len(eos)]] + 1, pad)
-    return np.insert(data, at, eos_id), np.insert(prompt, at, False)
-
-
-def copied(data, prompt, eos_id, ids):
-    """True at each answer token (after a question, before its document's EOS) that is one
-    of `ids` (the people and things of the problems) and that the question holds."""
-    out = np.zeros(len(data), bool)
-    if not len(ids):
-        return out
-    edges = np.diff(prompt.astype(np.int8), prepend=0, append=0)
-    eos = np.flatnonzero(data == eos_id)
-    for s, e in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
-        end = eos[np.searchsorted(eos, e)] if e <= eos[-1] else len(data)
-        out[e:end] = np.isin(data[e:end], data[s:e]) & np.isin(data[e:end], ids)
-    return out
-
-
-def entity_ids(tok):
-    """The token ids of the people and things the arithmetic problems name (" Max", " pears")."""
-    return np.array(sorted({i for words in ENTITIES.values() for w in words for i in tok.encode(" " + w)}))
-
-
-def noise(x0, block_size, mask_id, generator, keep=None, eps=1e-3):
-    """x_t: mask each token of each block with that block's t ~ U(eps, 1), never where `keep`
-    is True. The draws are made on x0's device, so `generator` must live there too."""
-    b, L = x0.shape
-    if L % block_size:
-        raise ValueError(f"sequence length {L} is not a multiple of the block size {block_size}")
-    t = torch.rand(b, L // block_size, 1, generator=generator, device=x0.device) * (1 - eps) + eps
-    t = t.expand(-1, -1, block_size).reshape(b, L)
-    masked = torch.rand(b, L, generator=generator, device=x0.device) < t
-    if keep is not None:
-        masked &= ~keep
-    return torch.where(masked, mask_id, x0), masked
-
-
-def bd3lm_loss(model, x0, block_size, generator, keep=None, weight=None):
-    """Mean cross-entropy on the masked positions of x_t, with the [x_t ; x_0] input;
-    weighted by `weight` (b, L) where given."""
-    L = x0.shape[1]
-    xt, masked = noise(x0, block_size, model.config.mask_token_id, generator, keep)
-    pos = torch.arange(L, device=x0.device).repeat(2)
-    to_mask = masks.block_mask if x0.is_cuda else masks.dense_mask  # CPU flex has no backward
-    mask = to_mask(masks.bd3lm_training(block_size, L), 2 * L, 2 * L, x0.device)
-    logits = model(torch.cat([xt, x0], 1), pos, mask=mask)[:, :L]   # (b, L, V): x_t rows
-    if weight is None:
-        return F.cross_entropy(logits[masked], x0[masked])
-    w = weight[masked]
-    return (F.cross_entropy(logits[masked], x0[masked], reduction="none") * w).sum() / w.sum()
 
 
 def lr_at(it, iters, lr, warmup):
@@ -165,10 +73,17 @@ def lr_at(it, iters, lr, warmup):
     return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
-def check_args(preset, iters, batch_size, seq_len, lr, warmup, eval_every, eval_batches, threads, device):
+def check_args(preset, iters, batch_size, seq_len, lr, warmup, eval_every, eval_batches, threads, device,
+               distill=None, distill_weight=None):
     """Every flag, before any file is read."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    if distill is not None and preset == "target":
+        raise ValueError("--distill trains a drafter from a target; not the target preset itself")
+    if distill_weight is not None and distill is None:
+        raise ValueError("--distill-weight needs --distill TARGET_DIR")
+    if distill_weight is not None and not 0 <= distill_weight <= 1:
+        raise ValueError(f"--distill-weight must be in [0, 1], got {distill_weight}")
     util.check_positive(iters=iters, batch_size=batch_size, seq_len=seq_len, eval_every=eval_every,
                         eval_batches=eval_batches, threads=threads)
     step = math.lcm(*BLOCK_SIZES)
@@ -217,15 +132,55 @@ def check_data(data_dir, seq_len):
     return meta, tok
 
 
-def save_checkpoint(path, model, opt, it, config, log):
+def load_teacher(path, weight, config, tok, seq_len, device):
+    """--distill's target: a checkpoint of the drafter's vocabulary (tokenizer included) and
+    mask token, trained for every block size of BLOCK_SIZES. -> (frozen model, what a resume
+    checks: its path, the SHA-256 of its weights, the weight W (None: 1))"""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"--distill: checkpoint directory {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"--distill: {path} is not a checkpoint directory (no config.json)")
+    try:
+        teacher, teacher_tok = load(path, device)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"--distill: {e}") from None
+    c = teacher.config
+    for what, mine, theirs in (("vocabulary size", config.vocab_size, c.vocab_size),
+                               ("mask token id", config.mask_token_id, c.mask_token_id)):
+        if mine != theirs:
+            raise ValueError(f"--distill: the target in {path} has {what} {theirs}, the drafter {mine}")
+    if not set(BLOCK_SIZES) <= set(c.block_sizes or (c.block_size,)):
+        raise ValueError(f"--distill: the target in {path} was trained for block size(s) "
+                         f"{list(c.block_sizes or (c.block_size,))}, the drafter trains at {list(BLOCK_SIZES)}")
+    if teacher_tok.vocab_hash() != tok.vocab_hash():
+        raise ValueError(f"--distill: the target in {path} has another tokenizer than the data's")
+    if c.max_seq_len < seq_len:
+        raise ValueError(f"--distill: the target in {path} reads {c.max_seq_len} positions, "
+                         f"fewer than --seq-len {seq_len}")
+    digest = hashlib.sha256()
+    for shard in checkpoint.find_shards(path):
+        digest.update((path / shard).read_bytes())
+    info = dict(target=str(path.resolve()), sha256=digest.hexdigest(), weight=1.0 if weight is None else weight)
+    return teacher.requires_grad_(False), info
+
+
+def save_checkpoint(path, model, opt, it, config, log, distill=None):
     """Through a temporary file: a save interrupted half-way leaves the previous one whole."""
     with util.atomic_write(path) as tmp:
         torch.save(dict(model=model.state_dict(), optimizer=opt.state_dict(), iter=it,
-                        config=asdict(config), log=log), tmp)
+                        config=asdict(config), log=log, distill=distill), tmp)
 
 
-def load_checkpoint(path, model, opt, config, iters, device):
-    """Resume model and opt from path: readable, of this model config, not done. -> (iter, log)"""
+def distilled(info):
+    """A distillation as a resume error names it: target path, weights, --distill-weight."""
+    return (f"with --distill {info['target']} (weights sha256 {info['sha256'][:12]}) --distill-weight "
+            f"{info['weight']:g}" if info else "without --distill")
+
+
+def load_checkpoint(path, model, opt, config, iters, device, distill=None):
+    """Resume model and opt from path: readable, of this model config and distillation (the
+    same target weights and weight, or none), not done. -> (iter, log)"""
     if not path.is_file():
         raise FileNotFoundError(f"--resume: no checkpoint at {path}")
     try:
@@ -238,6 +193,9 @@ def load_checkpoint(path, model, opt, config, iters, device):
         raise ValueError(f"--resume: {path} is not a training checkpoint")
     if ckpt["config"] != asdict(config):
         raise ValueError(f"--resume: {path} was trained with another model config")
+    then, same = ckpt.get("distill"), lambda d: d and (d["sha256"], d["weight"])  # no entry: none
+    if same(then) != same(distill):
+        raise ValueError(f"--resume: {path} was trained {distilled(then)}, not {distilled(distill)}")
     if ckpt["iter"] >= iters:
         raise ValueError(f"--resume: {path} has already done {ckpt['iter']} of {iters} iterations")
     model.load_state_dict(ckpt["model"])
@@ -248,9 +206,11 @@ def load_checkpoint(path, model, opt, config, iters, device):
 def main(preset="target", data_dir="data", out_dir=None, iters=None, batch_size=16, seq_len=256,
          lr=None, warmup=None, weight_decay=0.1, grad_clip=1.0, eval_every=250, eval_batches=4,
          seed=1337, resume=False, device="cpu", threads=None, ckpt_dir=None, finetune=False,
-         copy_weight=1.0, block_weights=None):
-    """Stage one, or with finetune stage two from stage one's model in out_dir (module doc)."""
-    check_args(preset, iters, batch_size, seq_len, lr, warmup, eval_every, eval_batches, threads, device)
+         copy_weight=1.0, block_weights=None, distill=None, distill_weight=None):
+    """Stage one, or with finetune stage two from stage one's model in out_dir (module doc);
+    with distill (a target's directory), distilled from that target (module doc)."""
+    check_args(preset, iters, batch_size, seq_len, lr, warmup, eval_every, eval_batches, threads, device,
+               distill, distill_weight)
     block_weights = check_block_weights(block_weights)
     stage = PRESETS[preset]["finetune"] if finetune else PRESETS[preset]
     iters, lr, warmup = iters or stage["iters"], lr or stage["lr"], stage["warmup"] if warmup is None else warmup
@@ -263,10 +223,12 @@ def main(preset="target", data_dir="data", out_dir=None, iters=None, batch_size=
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
     config, model, opt, stage_one_log = build(preset, meta, data_dir, finetune and out_dir, device, lr, weight_decay)
-    start, log = load_checkpoint(ckpt_file, model, opt, config, iters, device) if resume else (0, [])
-    if model.embed.weight.is_cuda:
-        model.compile()  # FlexAttention is only fast compiled; the state_dict keeps its names
-    import report  # report.py imports this file, so not at its top
+    teacher, info = (None, None) if distill is None else load_teacher(distill, distill_weight, config, tok,
+                                                                      seq_len, device)
+    start, log = load_checkpoint(ckpt_file, model, opt, config, iters, device, info) if resume else (0, [])
+    for m in (model, teacher) if model.embed.weight.is_cuda else ():
+        if m is not None:
+            m.compile()  # FlexAttention is only fast compiled; the state_dict keeps its names
     val = report.val_splits(data_dir, tok)
     batches = Batches(data_dir / "train.bin", seq_len, seed + start, meta["vocab_size"],
                       val["val_answer"][1] if finetune else (), tok.eos_id, max(BLOCK_SIZES) - 1,
@@ -275,11 +237,13 @@ def main(preset="target", data_dir="data", out_dir=None, iters=None, batch_size=
           f"iterations of {batch_size}x{seq_len} tokens, block sizes {BLOCK_SIZES}")
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_file.parent.mkdir(parents=True, exist_ok=True)
-    t0, save = time.time(), lambda it: save_checkpoint(ckpt_file, model, opt, it, config, log)
-    fit(model, opt, batches, log, lambda: report.evaluate(model, val, seq_len, batch_size, eval_batches),
-        save, start, iters, lr, warmup, batch_size, grad_clip, eval_every, seed, finetune, block_weights)
+    t0, save = time.time(), lambda it: save_checkpoint(ckpt_file, model, opt, it, config, log, info)
+    kl = (lambda: held_out_kl(model, teacher, val, seq_len, batch_size, eval_batches)) if info else dict
+    evaluate = lambda: {**report.evaluate(model, val, seq_len, batch_size, eval_batches), **kl()}
+    fit(model, opt, batches, log, evaluate, save, start, iters, lr, warmup, batch_size, grad_clip,
+        eval_every, seed, finetune, block_weights, info and (teacher, info["weight"]))
     save(iters)
-    model.save_pretrained(out_dir, dtype=torch.float16)
+    checkpoint.save_pretrained(model, out_dir, torch.float16)
     with util.atomic_write(out_dir / "tokenizer.model") as tmp:
         shutil.copy(data_dir / "tokenizer.model", tmp)
     with util.atomic_write(out_dir / "train_log.json") as tmp:
@@ -312,17 +276,21 @@ def build(preset, meta, data_dir, stage_one, device, lr, weight_decay):
 
 
 def fit(model, opt, batches, log, evaluate, save, start, iters, lr, warmup, batch_size, grad_clip,
-        eval_every, seed, finetune, block_weights=None):
+        eval_every, seed, finetune, block_weights=None, distill=None):
     """Iterations start..iters-1: every eval_every and at the last (not again where a resume
     starts), log evaluate()'s losses and save(it); then an AdamW step at a random block size,
-    each of BLOCK_SIZES equally likely or in proportion to block_weights."""
+    each of BLOCK_SIZES equally likely or in proportion to block_weights. distill: (teacher,
+    weight) for distill_loss, whose mean KL since the last log entry is logged as train_kl."""
     dev, seq_len = model.embed.weight.device, batches.seq_len
     g = torch.Generator(dev).manual_seed(seed + start)  # draws on the data's device
-    bar, t0, tokens = tqdm(range(start, iters), initial=start, total=iters), time.time(), 0
+    bar, t0, tokens, kls = tqdm(range(start, iters), initial=start, total=iters), time.time(), 0, []
     for it in bar:
         if (it % eval_every == 0 or it == iters - 1) and not (log and log[-1]["iter"] == it):
             log.append(dict(stage="finetune", iter=it) if finetune else dict(iter=it))
             log[-1].update(seconds=time.time() - t0, **evaluate())
+            if kls:
+                log[-1]["train_kl"] = sum(kls) / len(kls)
+                kls.clear()
             bar.write(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in log[-1].items()))
             save(it)
         for group in opt.param_groups:
@@ -332,13 +300,17 @@ def fit(model, opt, batches, log, evaluate, save, start, iters, lr, warmup, batc
                         torch.multinomial(block_weights.to(dev), 1, generator=g).item()]
         with torch.autocast(dev.type, dtype=torch.bfloat16):   # dev: cpu or cuda (check_device)
             x0, keep, weight = batches(batch_size)
-            loss = bd3lm_loss(model, x0.to(dev), B, g, keep.to(dev), weight.to(dev))
+            args = (x0.to(dev), B, g, keep.to(dev), weight.to(dev))
+            loss, kl = (distill_loss(model, distill[0], *args, distill_weight=distill[1]) if distill
+                        else (bd3lm_loss(model, *args), None))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         opt.step()
         tokens += batch_size * seq_len
-        bar.set_postfix(loss=f"{loss.item():.3f}", B=B, tok_s=f"{tokens / (time.time() - t0):.0f}")
+        kls += [kl.item()] if distill else []
+        bar.set_postfix(loss=f"{loss.item():.3f}", **({"kl": f"{kls[-1]:.3f}"} if distill else {}), B=B,
+                        tok_s=f"{tokens / (time.time() - t0):.0f}")
 
 
 if __name__ == "__main__":
@@ -361,10 +333,13 @@ if __name__ == "__main__":
                     help="stage two: loss weight of the answer tokens the question holds (copies)")
     ap.add_argument("--block-weights", default=None, help=f"how often each block size {BLOCK_SIZES} is drawn, "
                     "e.g. 1,1,4 (default: equally)")
+    ap.add_argument("--distill", default=None, metavar="TARGET_DIR", help="a drafter: distil it from "
+                    "this target (frozen), the loss (1 - W) * cross-entropy + W * KL(target || drafter)")
+    ap.add_argument("--distill-weight", type=float, default=None, metavar="W",
+                    help="with --distill: W, in [0, 1] (default 1: the KL alone)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--report", action="store_true",
                     help="print the quality figures of models/target and models/drafter, no training")
     kw = vars(ap.parse_args())
-    import report  # which imports this file as `train`: not at the top
     util.run(lambda: report.report(data_dir=kw["data_dir"]) if kw.pop("report") else main(**kw))

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The embedded pair from nothing, every step of it (docs/results.md, "The embedded models"):
-# the data, the two training stages, the Spiffy graphs, the report.
+# the data, the two training stages, the Spiffy graphs, the cost tables, the report.
 #
 #   bash train.sh            # about 4 hours on 2 CPU cores; run it again to go on after a stop
 #
@@ -34,7 +34,15 @@ done
 step target-3 --preset target --finetune --copy-weight 30 --iters 800 --lr 1.5e-4 --warmup 0 --eval-every 200
 step target-4 --preset target --finetune --copy-weight 10 --iters 400 --lr 1e-4 --warmup 0 --eval-every 200
 step target-5 --preset target --finetune --copy-weight 3 --iters 400 --lr 1e-4 --warmup 0 --eval-every 200
+# B = 32 accuracy back (docs/results.md, "B = 32 after the copy phases"): the same light phase,
+# two of three batches at B = 32.
+step target-6 --preset target --finetune --copy-weight 3 --block-weights 1,1,4 --iters 400 --lr 1e-4 --warmup 0 --eval-every 200
 step drafter-3 --preset drafter --finetune --copy-weight 10 --iters 400 --lr 2e-3 --warmup 20 --eval-every 200
 step drafter-4 --preset drafter --finetune --copy-weight 10 --iters 800 --lr 5e-4 --warmup 0 --eval-every 200
-python spiffy.py --calibrate                                         # the graphs, next to the target
+# Distillation (train.py --distill): the drafter learns the target's distribution on the same
+# noised answers (KL(target || drafter) alone, --distill-weight 1), the choices SimSD accepts;
+# about half an hour on one thread (1.2-1.5 s an iteration, the frozen target's forward included).
+step drafter-5 --preset drafter --finetune --distill models/target --iters 1200 --lr 5e-4 --warmup 0 --eval-every 200
+python calibrate.py                                                  # the graphs, next to the target
+python costs.py                    # the cost tables (a quiet machine: they are timings), next to it too
 python train.py --report

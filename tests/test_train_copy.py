@@ -1,9 +1,10 @@
-"""Stage two's copy weighting (train.py --copy-weight): which answer tokens `train.copied` marks,
-the weights `Batches` gives them, and that `bd3lm_loss` with equal weights is the plain loss."""
+"""Stage two's copy weighting (train.py --copy-weight): which answer tokens `objective.copied`
+marks, the weights `Batches` gives them, and that `bd3lm_loss` with equal weights is the plain
+loss."""
 import numpy as np
 import torch
 
-import train
+import objective
 from conftest import make_model
 
 EOS, ANSWER = 0, 3               # token ids: the end of a document, "Answer:"
@@ -30,18 +31,18 @@ def corpus():
 
 def test_copied_marks_the_answer_entities_named_in_the_same_question():
     data, prompt, expected = corpus()
-    padded, marked = train.mark_prompts(data, [ANSWER], EOS)
+    padded, marked = objective.mark_prompts(data, [ANSWER], EOS)
     assert (padded == data).all() and (marked == prompt).all()
-    assert train.copied(data, prompt, EOS, ENTITIES).tolist() == expected.tolist()
-    assert not train.copied(data, prompt, EOS, []).any()
-    assert train.copied(data, prompt, EOS, [7]).tolist() == (expected & (data == 7)).tolist()
+    assert objective.copied(data, prompt, EOS, ENTITIES).tolist() == expected.tolist()
+    assert not objective.copied(data, prompt, EOS, []).any()
+    assert objective.copied(data, prompt, EOS, [7]).tolist() == (expected & (data == 7)).tolist()
 
 
 def test_batches_weigh_the_copies_by_copy_weight(tmp_path):
     data, _, expected = corpus()
     data.tofile(tmp_path / "train.bin")
-    batches = train.Batches(tmp_path / "train.bin", 8, 0, answer_ids=[ANSWER], eos_id=EOS,
-                            copy_ids=ENTITIES, copy_weight=4.0)
+    batches = objective.Batches(tmp_path / "train.bin", 8, 0, answer_ids=[ANSWER], eos_id=EOS,
+                                copy_ids=ENTITIES, copy_weight=4.0)
     assert batches.weight.tolist() == np.where(expected, 4.0, 1.0).tolist()
     x, prompt, weight = batches(3)
     assert x.shape == prompt.shape == weight.shape == (3, 8) and weight.dtype == torch.float32
@@ -51,7 +52,7 @@ def test_batches_weigh_the_copies_by_copy_weight(tmp_path):
 def test_bd3lm_loss_with_equal_weights_is_the_unweighted_loss():
     model = make_model()
     x0 = torch.randint(4, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
-    loss = lambda **kw: train.bd3lm_loss(model, x0, 4, torch.Generator().manual_seed(1), **kw)
+    loss = lambda **kw: objective.bd3lm_loss(model, x0, 4, torch.Generator().manual_seed(1), **kw)
     plain = loss()
     torch.testing.assert_close(loss(weight=torch.ones(2, 32)), plain)
     torch.testing.assert_close(loss(weight=torch.full((2, 32), 3.0)), plain)

@@ -11,15 +11,14 @@ compares it with `threshold`, the others with `plain`, one token a step):
   simsd-lossless  exact states, plain decoding's rule walked through them (must equal plain)
   spiffy+static   draft graphs from the target itself instead of a drafter (must equal plain)
   none, simsd, spiffy   sample.py's --spec names: what that spec runs (SPECS)
-(simsd-paper against simsd-exact: the order-versus-leak experiment, docs/results.md.)
 
 Per row: tokens/s and its ratio to `threshold` and `sdar` in this run, forwards per token,
 tokens per target forward (and its fraction of the limit B (1 + K), K the blocks a round can
-reach past its own: SimSD's --lookahead, Spiffy's 1), accuracy, and "same": the share of
-prompts whose output is its plain counterpart's. Prompts are interleaved, warm-up is timed
-apart, wall time is the median over --repeats; the last line is one JSON object. Exit status
-1 if a lossless method (sdar, simsd-lossless, spiffy) differs from its counterpart in fp32
-(in bf16 "same" is an agreement rate).
+reach past its own), accuracy, and "same": the share of prompts whose output is its plain
+counterpart's. Prompts are interleaved, warm-up is timed apart, wall time is the median over
+--repeats; the cost model each B's copies are sized by is named; the last line is one JSON
+object. Exit status 1 if a lossless method differs from its counterpart in fp32 (in bf16
+"same" is an agreement rate).
 
     python bench.py --block-size 4,8,32 --prompts 40 --repeats 2 --out docs/bench.json
     python bench.py --quick                # smoke test, < 60 s on 2 CPU cores
@@ -39,16 +38,16 @@ from tqdm import tqdm
 
 import cli
 import util
+from calibrate import graphs_for
 from decode import STRATEGIES, generate
 from prepare import calibration_prompts, extract_answer, load_tasks
-from sol import GPU_MODEL, modelled_gpu_cost, preset_params  # noqa: F401 (the bench's GPU column)
+from sol import GPU_MODEL, modelled_gpu_cost, speed_of_light as sol
 from speculate import check_settings, simsd_generate
-from spiffy import DRAFT_BUDGET, graphs_for, spiffy_generate
+from spiffy import DRAFT_BUDGET, spiffy_generate
 
-PAPER_DRAFTS = dict(draft_threshold=None, draft_stop=None)   # gamma = B drafts, one a forward
-SIMSD = {  # name -> simsd_generate settings
-    "simsd-paper": dict(verifier="temporal", acceptance="paper", **PAPER_DRAFTS),
-    "simsd-exact": dict(verifier="copies", acceptance="paper", **PAPER_DRAFTS),
+SIMSD = {  # name -> simsd_generate settings (the paper's: gamma = B drafts, one a forward)
+    "simsd-paper": dict(verifier="temporal", acceptance="paper", draft_threshold=None, draft_stop=None),
+    "simsd-exact": dict(verifier="copies", acceptance="paper", draft_threshold=None, draft_stop=None),
     "simsd-gated": dict(verifier="copies", acceptance="gated"),
     "simsd-lossless": dict(verifier="copies", acceptance="lossless")}
 BASES = ("sdar", "plain", *SIMSD, "spiffy")
@@ -59,7 +58,7 @@ METHODS = ("sdar", "plain", "threshold", "simsd-gated", "simsd-lossless+threshol
 LOSSLESS = ("sdar", "simsd-lossless", "spiffy")   # exact in exact arithmetic: must equal plain
 SPECS = {"none": "threshold", "simsd": "simsd-lossless+threshold", "spiffy": "spiffy+threshold"}  # sample.py's
 ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "position order", dict(order="position")))
-PAIRS = {"copies": ("all copies", dict(cost_sized=False)), "commit": ("fused commit", dict(copy_commit=False))}  # --sweep
+PAIRS = {"copies": ("all copies", dict(cost=None)), "commit": ("fused commit", dict(copy_commit=False))}  # --sweep
 
 
 def parse_method(name):
@@ -175,13 +174,14 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
         util.check_writable(out, "--out")
 
 
-def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, draft_budget, **simsd):
+def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, draft_budget, cost, **simsd):
     """(row name, B) -> (method, runner): every method at every B; the gamma sweep and the
-    ablations as rows of their own. simsd: SimSD's settings."""
+    ablations as rows of their own. simsd: SimSD's settings; cost: B -> (its cost model, in words)."""
     plan = {}
     for B, m in ((B, m) for B in block_sizes for m in methods):
         base = parse_method(m)[0]
         own = dict(draft_budget=draft_budget) if base == "spiffy" else simsd if base in SIMSD else {}
+        own = dict(own, cost=cost[B][0]) if base in (*SIMSD, "spiffy") and base != "simsd-paper" else own
         variants = {m: {}}
         if base in SIMSD and sweep == "gamma":
             variants = {f"{m}(gamma={g})": dict(gamma=g) for g in sorted({1, min(2, B), max(B // 2, 1), B})}
@@ -192,7 +192,7 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
         if base == "simsd-paper":
             variants |= {f"{m}({name})": setting for a, name, setting in ABLATIONS if a in ablate}
         for name, extra in variants.items():
-            plan[(name, B)] = (m, runner(m, tgt, drf, B, graphs, strategy=strategy, **own, **extra))
+            plan[(name, B)] = (m, runner(m, tgt, drf, B, graphs, strategy=strategy, **{**own, **extra}))
     return plan
 
 
@@ -222,11 +222,11 @@ def compare(plan, outputs, results, tasks, exact):
 def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
          prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, repeats=1,
          data=None, chat=False, sweep=None, ablate=(), draft_budget=None, out=None, strategy=None,
-         gate=None, draft_threshold=None, draft_stop=None, lookahead=None, speed_of_light=None, stop_ids=None):
+         gate=None, draft_threshold=None, draft_stop=None, lookahead=None, speed_of_light=None, stop_ids=None,
+         cost_table=None):
     """Method flags (drafter ... draft_budget): None/() = the default, an error when no method
     uses them. speed_of_light: a preset or checkpoint directory: sol.py's figures instead."""
     if speed_of_light:
-        from sol import speed_of_light as sol
         cli.check_device(device)
         sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile)
         return 0
@@ -235,21 +235,22 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, drafter=drafter,
                sweep=sweep, ablate=ablate or None, draft_budget=draft_budget, **simsd_kw)
     dtype, limit_hits = getattr(torch, dtype) if dtype else None, cli.RecompileLimitHits() if compile else None
-    simsd = any(parse_method(m)[0] in SIMSD for m in methods)
-    tgt, tok, drf = cli.load_models(target, (drafter or "") if simsd else None, block_sizes, device,
-                                    dtype, compile, stop_ids)
+    tgt, tok, drf = cli.load_models(target, (drafter or "") if any(parse_method(m)[0] in SIMSD for m in methods)
+                                    else None, block_sizes, device, dtype, compile, stop_ids)
     tasks = load_tasks(data, prompts, tok, chat)
     notes = [f"{target} has no chat_template: the prompts are in ChatML"] * (chat and tok.chat_template is None)
     graphs = graphs_for(target, tgt, lambda: calibration_prompts(data, len(tasks), tok, chat, notes), notes)
+    cost = {B: cli.cost_model(target, tgt, B, cost_table) for B in block_sizes}
+    notes += [f"B={B}: copies sized by {how}" for B, (_, how) in cost.items()]
     # every method is compared with its plain counterpart (plain or threshold): run it too
     methods = list(methods) + [p for p in ("plain", "threshold") if p not in methods and any(
         parse_method(m)[1] == (p == "threshold") for m in methods)]
     plan = plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy,
-                     draft_budget or DRAFT_BUDGET, **{k: v for k, v in simsd_kw.items() if v is not None})
+                     draft_budget or DRAFT_BUDGET, cost, **{k: v for k, v in simsd_kw.items() if v is not None})
     outputs, results, graphs_after_warmup = measure(plan, tasks, max_new_tokens, tok, repeats, device, compile)
     rows, failed = compare(plan, outputs, results, tasks, exact=dtype in (None, torch.float32))
-    ends = [f"{r['method']} B={r['block_size']} rounds ended: {r['round_ends']}" for r in rows if r["round_ends"]]
-    print("\n".join([table(rows)] + ends + notes + [f"FAILED: {f}" for f in failed]))   # ends: why SimSD's
+    print("\n".join([table(rows)] + [f"{r['method']} B={r['block_size']} rounds ended: {r['round_ends']}"
+                                     for r in rows if r["round_ends"]] + notes + [f"FAILED: {f}" for f in failed]))
     dynamo = limit_hits.report(counters, graphs_after_warmup) if compile else {}
     result = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device,
                   torch=torch.__version__, prompts=len(tasks), max_new_tokens=max_new_tokens,
@@ -274,9 +275,8 @@ def parse_args(argv=None):
     g.add_argument("--repeats", type=int, default=1, help="timed passes; wall time is their median")
     g.add_argument("--data", default=None, help="GSM8K-format JSONL (question, answer)")
     g.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens: a smoke test")
-    g.add_argument("--speed-of-light", metavar="MODEL", default=None, help="instead: a random model "
-                   "shaped like MODEL (a preset such as sdar-8b, or a checkpoint directory): its decode "
-                   "forwards and loop against the memory-bandwidth floor (sol.py)")
+    g.add_argument("--speed-of-light", metavar="MODEL", default=None, help="instead: a random model shaped like "
+                   "MODEL (a preset: sdar-8b, or a checkpoint): its forwards against the bandwidth floor (sol.py)")
     cli.model_flags(ap)
     rule = ap.add_argument_group(f"decoding rule (threshold, +threshold methods: the threshold rule at {cli.THRESHOLD})")
     rule.add_argument("--strategy", default=None, choices=STRATEGIES,

@@ -7,8 +7,8 @@
   a model built on the meta device, so the weights never exist twice in memory.
 - Bad files are refused with a one-line ValueError (FileNotFoundError if missing) naming them.
 
-model.py's Transformer.from_pretrained / save_pretrained / rename and ModelConfig.from_hf /
-to_hf call this module (importing it lazily, as it imports model.py).
+Imports point down: this module imports model.py, which knows no file layout; callers load
+and save through the functions here.
 """
 import json
 import re

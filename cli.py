@@ -8,9 +8,10 @@ from pathlib import Path
 
 import torch
 
+import checkpoint
+import costs
 import util
 from decode import EB_THRESHOLD, STRATEGIES, DecodeRule
-from model import Transformer
 from speculate import ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, GATE, LOOKAHEAD, VERIFIERS, check_settings
 from spiffy import DRAFT_BUDGET
 from tokenizer import check_same_tokenizer, load_tokenizer
@@ -31,7 +32,7 @@ def load(path, device="cpu", dtype=None, stop_ids=None):
     EOS, or at `stop_ids` when given (model.config.stop_ids)."""
     if not Path(path).is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
-    model = Transformer.from_pretrained(path, device=device, dtype=dtype or torch.float32)
+    model = checkpoint.from_pretrained(path, device=device, dtype=dtype or torch.float32)
     c = model.config
     tok = load_tokenizer(path, mask_id=c.mask_token_id)
     if tok.vocab_size > c.vocab_size:
@@ -70,6 +71,16 @@ def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=
         if m is not None:
             compile_model(m, compile)
     return tgt, tok, drf
+
+
+def cost_model(target_dir, model, B, table=None):
+    """The cost model copies are sized by at block size B: the cost table `table` (refused if it
+    is for another device, dtype, model or B), else the one next to the target's weights for
+    this device, if any (costs.py). -> (cost or None: every copy verified, in words: which)."""
+    if table is None:
+        return costs.find(target_dir, model, B)
+    cost = costs.load(table, model, B)
+    return cost, f"cost table {table} ({cost.table['date']})"
 
 
 def compile_model(model, how="auto"):
@@ -179,6 +190,7 @@ def check_rule(threshold, temperature, top_p, eb_threshold):
 SIMSD_FLAGS = ("drafter", "gamma", "verifier", "acceptance", "gate", "draft_threshold", "draft_stop",
                "lookahead")
 SPIFFY_FLAGS = ("graph", "draft_budget")
+SPEC_FLAGS = ("cost_table",)   # both speculative methods
 
 
 def check_spec_flags(spec, **flags):
@@ -186,7 +198,8 @@ def check_spec_flags(spec, **flags):
     spiffy (None: that method's default), each refused by the other methods."""
     util.check_positive(gamma=flags["gamma"], draft_budget=flags["draft_budget"])
     check_unit(gate=flags["gate"], draft_threshold=flags["draft_threshold"], draft_stop=flags["draft_stop"])
-    owners = {k: ["simsd"] for k in SIMSD_FLAGS} | {k: ["spiffy"] for k in SPIFFY_FLAGS}
+    owners = {k: ["simsd"] for k in SIMSD_FLAGS} | {k: ["spiffy"] for k in SPIFFY_FLAGS} | {
+        k: ["simsd", "spiffy"] for k in SPEC_FLAGS}
     shown = {"verifier": "verify", "acceptance": "accept"}    # the flags' names on the command line
     check_used([spec], f"--spec {spec}", {shown.get(k, k): v for k, v in owners.items()},
                **{shown.get(k, k): v for k, v in flags.items()})
@@ -211,6 +224,9 @@ def model_flags(ap):
                         "shapes on the CPU (auto), or say which")
     g.add_argument("--chat", action="store_true", help="render prompts with the checkpoint's own chat "
                    "template (tokenizer_config.json's chat_template; ChatML if it has none)")
+    g.add_argument("--cost-table", default=None, help="simsd, spiffy: the cost table (costs.py) that sizes "
+                   "the copies a round verifies (default: the one next to the target's weights for this "
+                   "device, if any; none: every copy verified)")
     g.add_argument("--stop-ids", default=None, help="comma-separated token ids that end decoding "
                    "(default: the checkpoint's eos_token_id list, generation_config.json's, and the "
                    "tokenizer's EOS)")
@@ -238,7 +254,7 @@ def simsd_flags(ap, variants=True):
     variant by flags, bench.py by method name)."""
     g = ap.add_argument_group("SimSD (a drafter proposes, the target verifies)")
     if variants:
-        g.add_argument("--gamma", type=int, default=None, help="max drafted tokens a round (default B)")
+        g.add_argument("--gamma", type=int, default=None, help="max drafted tokens a round (default B x (1 + lookahead))")
         g.add_argument("--verify", dest="verifier", default=None, choices=VERIFIERS,
                        help="temporal = the paper's one-mask forward (2B queries); copies = the "
                             "drafter's states as exact block copies (default)")

@@ -3,12 +3,14 @@
 - `DecodeRule`: one denoising step, from a block's logits to its next state.
 - `Session`: a model's cursor over its static KV cache, with the commit forward optionally
   fused into the next block's first forward (one forward a block less than SDAR's loop).
-- `decode`: the block loop every decoder shares (plain, SimSD, Spiffy): prefill, fill block
-  after block, commit, stop at EOS.
-- `generate`: plain decoding, the reference the speculative decoders are tested against.
+- `decode`: the round loop every decoder shares (plain, SimSD, Spiffy) over a `Frontier` (the
+  open block; the committed cache lives in the sessions): a round takes the frontier to the
+  next one and says which blocks it completed; the loop commits them and decides the stop.
+- `generate`: plain decoding, the reference the speculative decoders are tested against: a
+  round is one forward and one step of the rule.
 - `to_host` / `to_device`: the only ways values cross between host and device while decoding:
   one host sync per target forward in plain and threshold decoding, and in Spiffy with a
-  stateless rule (DecodeRule.stateless; tests/test_syncs.py).
+  stateless rule (DecodeRule.stateless; tests/test_syncs.py counts them).
 """
 import math
 import time
@@ -59,9 +61,11 @@ class DecodeRule:
     def __post_init__(self):
         self.steps = self.block_size if self.steps is None else self.steps
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {self.strategy!r}; choose from {', '.join(STRATEGIES)}")
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose from "
+                             f"{', '.join(STRATEGIES)}")
         if not 1 <= self.steps <= self.block_size:
-            raise ValueError(f"steps must be in [1, block_size={self.block_size}], got {self.steps}")
+            raise ValueError(f"steps must be in [1, block_size={self.block_size}], "
+                             f"got {self.steps}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
@@ -81,7 +85,8 @@ class DecodeRule:
         name = {"low_confidence_dynamic": f"threshold rule {self.threshold:g}",
                 "low_confidence_static": "one token a step" if self.steps == self.block_size
                 else f"{self.steps} steps a block",
-                "entropy_bounded": f"entropy_bounded {self.eb_threshold:g}"}.get(self.strategy, self.strategy)
+                "entropy_bounded": f"entropy_bounded {self.eb_threshold:g}"
+                }.get(self.strategy, self.strategy)
         sampled = f", temperature {self.temperature:g}" if self.temperature else ", greedy"
         return f"{name}, B={self.block_size}{sampled}"
     def probs(self, logits):
@@ -121,7 +126,8 @@ class DecodeRule:
         if self.temperature == 0:
             tokens = p.argmax(-1)
         else:  # torch.multinomial's own draw of one sample (the same tokens on the CPU)
-            noise = torch.empty_like(p).exponential_(generator=generator) if noise is None else noise
+            if noise is None:
+                noise = torch.empty_like(p).exponential_(generator=generator)
             tokens = (p / noise).argmax(-1)
         return tokens, self.confidence(logits, tokens), p
 
@@ -152,7 +158,8 @@ class DecodeRule:
         if self.strategy == "random":
             score = torch.rand(block.shape, generator=generator, device=block.device)
         elif self.strategy == "sequential":                              # leftmost first
-            score = -torch.arange(block.shape[-1], device=block.device, dtype=torch.float).expand(block.shape)
+            score = -torch.arange(block.shape[-1], device=block.device, dtype=torch.float)
+            score = score.expand(block.shape)
         elif self.strategy == "entropy_bounded":                         # -entropy: surest first
             score = (p * p.clamp(min=1e-30).log()).sum(-1)[at]
         else:
@@ -194,11 +201,11 @@ class Session:
     same tokens in exact arithmetic and in fp32 (tested); in bf16 the fused forward's other
     shape rounds differently, so a near-tie can differ from SDAR's loop. A block that a
     verification forward already holds as a complete copy can instead be kept from that
-    forward's own keys and values (keep), with copy_commit."""
+    forward's own keys and values (commit's copy), with copy_commit."""
 
     def __init__(self, model, block_size, max_len, fuse_commit=True, copy_commit=False):
         self.model, self.block_size, self.fuse_commit = model, block_size, fuse_commit
-        self.copy_commit, self.kept, self.queries_at = copy_commit, 0, 0
+        self.copy_commit, self.queries_at = copy_commit, 0
         self.static = getattr(model, "static_trunk", None) is not None   # compile_decoding
         model.setup_cache(max_len + self.static * (MAX_BUCKET // 2) * block_size)  # + padding
         self.device = model.embed.weight.device
@@ -223,15 +230,15 @@ class Session:
             pad = (B << (-(-T // B) - 1).bit_length()) - T
             start, n_commit_t, n_real = to_device([self.committed, n_commit, T], self.device)
             mask = masks.padded(mask_for(start, n_commit_t), start, n_real)
-            x = self.model.static_trunk(self.model, F.pad(tokens, (0, pad))[None], F.pad(pos, (0, pad)),
-                                        start, mask)
+            x = self.model.static_trunk(self.model, F.pad(tokens, (0, pad))[None],
+                                        F.pad(pos, (0, pad)), start, mask)
             x = x[:, T - keep:T]
             logits = self.model.head(x if rows is None else x[:, rows])
         else:
             if rows is not None:   # a count like any other to torch.compile: 1 not specialised
                 torch._dynamo.decorators.mark_unbacked(rows, 0)
-            logits = self.model(tokens[None], pos, self.committed, mask_for(self.committed, n_commit),
-                                keep=keep, rows=rows)
+            logits = self.model(tokens[None], pos, self.committed,
+                                mask_for(self.committed, n_commit), keep=keep, rows=rows)
         self.committed, self.pending = self.committed + n_commit, None
         self.queries_at = self.committed      # where the rows after the pending block were written
         self.nfe += 1
@@ -243,31 +250,24 @@ class Session:
             self.pending = ids
             self.flush()
 
-    def commit(self, block):   # (a round that finished blocks ahead leaves several pending)
-        if self.kept:          # in the cache already (keep)
-            self.kept -= 1
+    def commit(self, block, copy=None):
+        """The finished `block` joins the cache. copy: where the last forward held it complete,
+        as its copy-th block of queries after the pending rows (a verification copy a walk went
+        past); with copy_commit its keys and values move into place in every layer's cache,
+        which is exact: the copy attended to what the committed block attends to, the cache and
+        itself, at the block's own positions. Otherwise it waits as pending rows of the next
+        forward (fused commit) or is written by a forward of its own (SDAR's). Blocks are
+        committed in order, so a kept row moves down before it is overwritten."""
+        if copy is not None and self.copy_commit:
+            B, src = self.block_size, self.queries_at + copy * self.block_size
+            for layer in self.model.layers:
+                for t in (layer.attn.cache.k, layer.attn.cache.v):
+                    t[:, :, self.committed:self.committed + B] = t[:, :, src:src + B].clone()
+            self.committed += B
             return
         self.pending = block if self.pending is None else torch.cat([self.pending, block])
         if not self.fuse_commit:
             self.flush()
-
-    def keep(self, *copies):
-        """With copy_commit: commit the blocks the last forward held, complete, as its j-th
-        blocks of queries after the pending rows, for each j in `copies` (verification copies a
-        walk went past, in order), from that forward's own keys and values: they move into
-        place in every layer's cache, and the next commit() of each is skipped (callers commit
-        in order). Exact: such a copy attended to what the committed block attends to, the
-        cache and itself, at the block's own positions; and the next forward carries no
-        pending block. Without copy_commit: nothing (they are committed the usual way)."""
-        if not self.copy_commit:
-            return
-        B = self.block_size
-        for j in copies:          # j ascending: a row is moved down before it is written
-            src = self.queries_at + j * B
-            for layer in self.model.layers:
-                for t in (layer.attn.cache.k, layer.attn.cache.v):
-                    t[:, :, self.committed:self.committed + B] = t[:, :, src:src + B].clone()
-            self.committed, self.kept = self.committed + B, self.kept + 1
 
     def flush(self):  # a forward with nothing but the pending block: SDAR's commit
         self.forward(self.pending[:0], self.pending[:0], lambda c, n: masks.block_causal(
@@ -288,7 +288,9 @@ def to_device(rows, device):
     """A nested list of ints -> a long tensor on `device`, without a host sync (a plain
     copy from pageable memory waits for the GPU; one from pinned memory need not)."""
     t = torch.tensor(rows, dtype=torch.long)
-    return t.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else t
+    if torch.device(device).type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def check_prompt(prompt, config, max_new_tokens, device):
@@ -320,51 +322,77 @@ def stop_ids(config, eos_id=None):
     return frozenset((eos_id,) if isinstance(eos_id, int) else eos_id)
 
 
-def decode(fill_block, sessions, ids, block_size, max_new_tokens, mask_id, stops, on_block=None):
-    """The block loop every decoder shares: prefill the prompt's whole blocks into each
-    session, then fill block after block (the prompt tail stays in the first block as known
-    tokens, so blocks stay on the grid the model was trained on) and commit each; stop at
-    the first of the `stops` ids, at max_new_tokens, or when on_block(new ids) returns True
-    (a caller's own stop, e.g. a stop string). fill_block(block, pos, n_masked, room) -> the
-    filled block, and its host copy (the copy a decoder made anyway to see that the block was
-    full: no extra sync); n_masked: how many of its positions are masked (counted on the
-    host); room: how many tokens max_new_tokens leaves after this block (a decoder that
-    decodes ahead, into later blocks, goes no further; it keeps what it decoded ahead and
-    returns it at the next calls: this loop stops exactly where plain decoding does).
-    -> (new ids without the stop id, why it stopped: "stop_id", "max_new_tokens" or
-    "on_block")."""
-    B = block_size
+@dataclass
+class Frontier:
+    """Where decoding stands between rounds, besides the sessions' committed caches: the open
+    block. A round reads it and returns the next one; nothing else carries over."""
+    block: torch.Tensor   # (B,) the open block's state, mask_id where unknown
+    pos: torch.Tensor     # (B,) its positions
+    n_masked: int         # how many of them are masked (on the host)
+    host: list = None     # the state on the host (None before a forward read it back)
+    step: int = 0         # the rule's step index within the block
+    hint: tuple = ()      # what the forward that made this state said of it (Spiffy's ranks)
+
+
+@dataclass
+class Advance:
+    """What a round did: the blocks it completed, in order, as (state, host copy, index of its
+    complete copy in the round's verification forward or None), and the open block after."""
+    done: list
+    front: Frontier
+
+
+def decode(round_, sessions, ids, rule, max_new_tokens, stops, on_block=None):
+    """The round loop every decoder shares (plain, SimSD, Spiffy). Prefill the prompt's whole
+    blocks into each session; its tail stays in the first block as known tokens, so blocks
+    stay on the grid the model was trained on. Then round after round: round_(front, room) ->
+    Advance; room: the tokens max_new_tokens leaves after the open block (a round decodes no
+    block past them). Every block a round completed is committed to every session (to the
+    first, the verifier, from its copy where it has one), and here, in one place, decoding
+    stops: at the first of the `stops` ids, at max_new_tokens, or when on_block(new ids)
+    returns True (a caller's own stop, e.g. a stop string). -> (new ids without the stop id,
+    why it stopped: "stop_id", "max_new_tokens" or "on_block")."""
+    B, mask_id = rule.block_size, rule.mask_id
     n_prefix = len(ids) // B * B
     for s in sessions:
         s.prefill(ids[:n_prefix])
-    tail, out, start = ids[n_prefix:], [], n_prefix
-    while len(out) < max_new_tokens:
-        block = torch.full((B,), mask_id, device=ids.device)
-        block[:len(tail)] = tail
-        n_masked = B - len(tail)
-        block, host = fill_block(block, torch.arange(start, start + B, device=ids.device), n_masked,
-                                 max_new_tokens - len(out) - n_masked)
-        for s in sessions:
-            s.commit(block)
-        new = host[len(tail):]
-        tail, start = tail[:0], start + B
-        end = next((i for i, t in enumerate(new) if t in stops), None)
-        out += new if end is None else new[:end]
-        if on_block and on_block(new if end is None else new[:end]):
-            return out[:max_new_tokens], "on_block"
-        if end is not None:
-            return out[:max_new_tokens], "stop_id" if len(out) < max_new_tokens else "max_new_tokens"
-    return out[:max_new_tokens], "max_new_tokens"
+    out, known = [], len(ids) - n_prefix             # known: prompt tokens in the open block
+    front = open_block(ids[n_prefix:], n_prefix, B, mask_id)
+    while True:
+        adv = round_(front, max_new_tokens - len(out) - (B - known))
+        front = adv.front
+        done = adv.done + ([(front.block, front.host, None)] if not front.n_masked else [])
+        for block, host, copy in done:
+            for i, s in enumerate(sessions):
+                s.commit(block, copy if i == 0 else None)
+            new, known = host[known:], 0
+            end = next((i for i, t in enumerate(new) if t in stops), len(new))
+            out += new[:end]
+            if on_block and on_block(new[:end]):
+                return out[:max_new_tokens], "on_block"
+            if end < len(new) or len(out) >= max_new_tokens:
+                stopped = end < len(new) and len(out) < max_new_tokens
+                return out[:max_new_tokens], "stop_id" if stopped else "max_new_tokens"
+        if not front.n_masked:
+            front = Frontier(torch.full_like(front.block, mask_id), front.pos + B, B)
+
+
+def open_block(known, start, B, mask_id):
+    """The first block, at positions start.., its first tokens `known` (the prompt's tail)."""
+    block = torch.full((B,), mask_id, device=known.device)
+    block[:len(known)] = known
+    return Frontier(block, torch.arange(start, start + B, device=known.device), B - len(known))
 
 
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_id=None,
              generator=None, on_block=None):
-    """Plain block-diffusion decoding (SDAR's block_diffusion_generate).
-    model: a Transformer (batch 1). prompt: token ids. rule: a DecodeRule (default: the
-    model's block size, one token per step, greedy). fuse_commit: write each finished block
-    into the cache during the next block's first forward (False: SDAR's extra commit
-    forward). eos_id: the stop id, or several (default: stop_ids(config)). generator:
+    """Plain block-diffusion decoding (SDAR's block_diffusion_generate): the round loop with a
+    round of one forward and one step of the rule, the reference the speculative decoders are
+    tested against. model: a Transformer (batch 1). prompt: token ids. rule: a DecodeRule
+    (default: the model's block size, one token per step, greedy). fuse_commit: write each
+    finished block into the cache during the next block's first forward (False: SDAR's extra
+    commit forward). eos_id: the stop id, or several (default: stop_ids(config)). generator:
     torch.Generator for sampling. on_block(new_ids): called as each block is finished; True
     stops decoding. Returns (new token ids without the stop id, stats with nfe, tokens,
     seconds and stop: why it ended)."""
@@ -374,17 +402,15 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
     B, t0 = rule.block_size, time.perf_counter()
     sess = Session(model, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
 
-    def fill_block(block, pos, n_masked, room):   # a new block always starts with a masked position
-        step = 0
-        while n_masked:                                  # logits at the masked positions only
-            logits = sess.forward(block, pos, lambda c, n: masks.block_causal(B, c), keep=B,
-                                  rows=packed_rows(block, rule.mask_id, n_masked))
-            block, step = rule(logits, block, step, generator), step + 1
-            host, = to_host(block)                      # host sync, once a forward
-            n_masked = host.count(rule.mask_id)
-        return block, host
+    def plain_round(front, room):                     # logits at the masked positions only
+        logits = sess.forward(front.block, front.pos, lambda c, n: masks.block_causal(B, c), keep=B,
+                              rows=packed_rows(front.block, rule.mask_id, front.n_masked))
+        block = rule(logits, front.block, front.step, generator)
+        host, = to_host(block)
+        n_masked = host.count(rule.mask_id)
+        return Advance([], Frontier(block, front.pos, n_masked, host, front.step + 1))
 
-    out, stop = decode(fill_block, [sess], ids, B, max_new_tokens, rule.mask_id, stop_ids(c, eos_id),
-                       on_block)
+    stops = stop_ids(c, eos_id)
+    out, stop = decode(plain_round, [sess], ids, rule, max_new_tokens, stops, on_block)
     return out, dict(nfe=sess.nfe, tokens=len(out), seconds=time.perf_counter() - t0, stop=stop,
                      rows=dict(sess.rows))

@@ -10,8 +10,6 @@
   attends to [0, start + T). Committed blocks live below `start`; scratch rows (drafts,
   verification copies) land above it and are overwritten by the next forward, so a rejected
   draft needs no rollback and can never be attended to again.
-- HF-format checkpoints (config.json checked key by key, safetensors shards) are read and
-  written by checkpoint.py; `from_pretrained`, `save_pretrained` and `from_hf` here call it.
 
 References: Qwen3 (HF transformers' modeling_qwen3), SDAR (JetLM), BD3-LM, nanoGPT, gpt-fast.
 """
@@ -67,18 +65,6 @@ class ModelConfig:
         if any(b < 1 for b in self.block_sizes) or (self.block_sizes and self.block_size not in self.block_sizes):
             raise ValueError(f"block_sizes {list(self.block_sizes)} must be >= 1 and include "
                              f"block_size {self.block_size}")
-
-    @classmethod
-    def from_hf(cls, hf, source="config.json", generation=None):
-        """From an HF config.json dict, every key checked; `generation`: generation_config.json's
-        dict (more stop ids). Errors name `source` (checkpoint.config_from_hf)."""
-        import checkpoint  # lazily: checkpoint.py imports this module
-        return checkpoint.config_from_hf(hf, source, generation, cls=cls)
-
-    def to_hf(self):
-        """-> the config.json dict of an SDAR checkpoint (checkpoint.config_to_hf)."""
-        import checkpoint
-        return checkpoint.config_to_hf(self)
 
 
 # each field's config.json name (ModelConfig's messages use them; checkpoint.py maps with them)
@@ -279,22 +265,3 @@ class Transformer(nn.Module):
         # unbound (called with the model), so that a deep copy runs its own weights and cache
         trunk = torch.compile(type(self).trunk, dynamic=False, **options)
         self.static_trunk = cfg.patch(**{name: max(getattr(cfg, name), 64)})(trunk)
-
-    # ---- HF checkpoints: checkpoint.py (imported lazily, as it imports this module) ----
-    @staticmethod
-    def rename(name, to_local=True):
-        """HF weight name -> ours (or back): checkpoint.rename."""
-        import checkpoint
-        return checkpoint.rename(name, to_local)
-
-    @classmethod
-    def from_pretrained(cls, path, device=None, dtype=None):
-        """Load an HF-format SDAR/Qwen3 directory, shard by shard onto `device`, cast to `dtype`
-        if given; bad files raise a one-line error naming them (checkpoint.from_pretrained)."""
-        import checkpoint
-        return checkpoint.from_pretrained(path, device, dtype, cls=cls)
-
-    def save_pretrained(self, path, dtype=torch.bfloat16):
-        """Write config.json and model.safetensors in HF layout (checkpoint.save_pretrained)."""
-        import checkpoint
-        checkpoint.save_pretrained(self, path, dtype)

@@ -288,7 +288,7 @@ def calibration_prompts(data, n_measured, tok, chat, note, n=50):
     if not rest:
         raise ValueError(f"a Spiffy graph is missing and --data {data} has no lines left after the "
                          f"{n_measured} measured to calibrate it on: give fewer --prompts, or run "
-                         f"`python spiffy.py --calibrate --data FILE` first")
+                         f"`python calibrate.py --data FILE` first")
     note.append(f"missing Spiffy graphs are calibrated on {data} lines {rest[0][0]}-{rest[-1][0]}, "
                 f"which are not measured")
     return [tok.encode(tok.apply_chat_template(r["question"]) if chat else r["question"]) for _, r in rest]

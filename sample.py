@@ -44,30 +44,31 @@ def check_args(spec, device, block_size, max_new_tokens, threshold, temperature,
 
 
 def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtype, compile,
-            stop_ids, graph, rule_kw):
-    """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw)); kw: the
-    decoder's own (generator, on_block, SimSD's settings or draft_budget, another rule)."""
+            stop_ids, graph, rule_kw, cost_table=None, verifier=None):
+    """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), the cost
+    model in words); kw: the decoder's own (generator, on_block, SimSD's settings or
+    draft_budget, another rule)."""
     dtype = getattr(torch, dtype) if dtype else None
     model, tok = cli.load(target, device, dtype, stop_ids)
     rule = cli.make_rule(model, block_size, cli.default_threshold(threshold, strategy),
                          strategy=strategy, **rule_kw)
     cli.check_block_size(model, rule.block_size, "target")
-    models = [model]
+    models, (cost, cost_note) = [model], cli.cost_model(target, model, rule.block_size, cost_table)
     if spec == "none":
         run = lambda ids, n, rule=rule, **kw: generate(model, ids, n, rule, **kw)
     elif spec == "simsd":
         models.append(cli.load_drafter(drafter, model, tok, [rule.block_size], device, dtype))
-        run = lambda ids, n, rule=rule, **kw: simsd_generate(model, models[1], ids, n, rule, **kw)
+        run = lambda ids, n, rule=rule, **kw: simsd_generate(model, models[1], ids, n, rule, cost=cost, **kw)
     else:
         g = load_graph(graph or graph_path(target, rule), rule)
-        run = lambda ids, n, rule=rule, **kw: spiffy_generate(model, ids, n, rule, graph=g, **kw)
+        run = lambda ids, n, rule=rule, **kw: spiffy_generate(model, ids, n, rule, graph=g, cost=cost, **kw)
     if compile:
         for m in models:
             cli.compile_model(m, compile)
-    return model, tok, rule, run
+    return model, tok, rule, run, None if spec == "none" or verifier == "temporal" else cost_note
 
 
-def summary(spec, stats, rule, load_s):
+def summary(spec, stats, rule, load_s, cost_note=None):
     s = (f"--- {stats['tokens']} tokens in {stats['seconds']:.2f} s "
          f"({stats['tokens'] / stats['seconds']:.1f} tok/s; loading and a warm-up block {load_s:.1f} s more), "
          f"{rule.describe()}, target NFE {stats['nfe']} ({stats['tokens'] / stats['nfe']:.2f} "
@@ -76,25 +77,26 @@ def summary(spec, stats, rule, load_s):
         s += f", drafter NFE {stats['nfe_draft']}, mean accepted {stats['mean_accepted']:.2f}"
     if spec == "spiffy":
         s += f", steps per forward {stats['steps_per_forward']}"
-    return s
+    return s + (f", copies sized by {cost_note}" if cost_note else "")
 
 
 def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
          block_size=None, threshold=None, strategy=None, max_new_tokens=64, seed=0, device="cpu",
          dtype=None, compile=False, chat=False, as_json=False, stop_ids=None, graph=None,
          temperature=0.0, top_k=None, top_p=None, eb_threshold=cli.EB_THRESHOLD, **method):
-    """method: SimSD's cli.SIMSD_FLAGS and Spiffy's cli.SPIFFY_FLAGS but graph (None = the
-    default; an error when given to a method that does not use them)."""
-    flags = {k: method.pop(k, None) for k in cli.SIMSD_FLAGS + cli.SPIFFY_FLAGS if k != "graph"}
+    """method: SimSD's cli.SIMSD_FLAGS, Spiffy's cli.SPIFFY_FLAGS but graph, and cli.SPEC_FLAGS
+    (None = the default; an error when given to a method that does not use them)."""
+    flags = {k: method.pop(k, None) for k in cli.SIMSD_FLAGS + cli.SPIFFY_FLAGS + cli.SPEC_FLAGS if k != "graph"}
     if method:
         raise TypeError(f"unknown setting(s) {', '.join(method)}")
     check_args(spec, device, block_size, max_new_tokens, threshold, temperature, top_k, top_p,
                eb_threshold, graph, flags)
     t0 = time.perf_counter()
-    model, tok, rule, run = prepare(spec, target, flags.pop("drafter"), block_size, threshold,
-                                    strategy, device, dtype, compile, stop_ids, graph,
-                                    dict(temperature=temperature, top_k=top_k, top_p=top_p,
-                                         eb_threshold=eb_threshold))
+    model, tok, rule, run, cost_note = prepare(spec, target, flags.pop("drafter"), block_size, threshold,
+                                               strategy, device, dtype, compile, stop_ids, graph,
+                                               dict(temperature=temperature, top_k=top_k, top_p=top_p,
+                                                    eb_threshold=eb_threshold), flags.pop("cost_table"),
+                                               flags["verifier"])
     text = tok.apply_chat_template(prompt) if chat else prompt
     if chat and tok.chat_template is None:
         print(f"note: {target} has no chat_template; the prompt is in ChatML", file=sys.stderr)
@@ -114,11 +116,11 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     kw = {k: v for k, v in flags.items() if v is not None}
     out, stats = run(ids, max_new_tokens, generator=torch.Generator(device=device).manual_seed(seed),
                      on_block=None if as_json else on_block, **kw)
-    print("\n" + summary(spec, stats, rule, load_s))
+    print("\n" + summary(spec, stats, rule, load_s, cost_note))
     if as_json:
         rest = {k: v for k, v in stats.items() if k not in ("nfe", "nfe_draft")}
         print(json.dumps(dict(rest, text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
-                              nfe_draft=stats.get("nfe_draft", 0), load_s=load_s, rule=rule.describe(),
+                              nfe_draft=stats.get("nfe_draft", 0), load_s=load_s, rule=rule.describe(), cost_model=cost_note,
                               tokens_per_s=stats["tokens"] / stats["seconds"])))
     return out, stats
 

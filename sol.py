@@ -29,12 +29,13 @@ from pathlib import Path
 
 import torch
 
+import checkpoint
 import mask as masks
 from decode import DecodeRule, Session, generate, packed_rows
 from model import PRESETS, ModelConfig, Transformer
 from cli import compile_model
 from spiffy import ranks
-from verify import verify_copies, walk
+from verify import Guesses, verify_copies, walk
 
 
 # A model, not a measurement: what the counted forwards would cost for SDAR-8B (target) and
@@ -93,7 +94,7 @@ def make(spec, device, dtype):
     if spec in PRESETS:
         config = ModelConfig(**PRESETS[spec])
     elif (Path(spec) / "config.json").is_file():
-        config = ModelConfig.from_hf(json.loads((Path(spec) / "config.json").read_text()))
+        config = checkpoint.config_from_hf(json.loads((Path(spec) / "config.json").read_text()))
     else:
         raise ValueError(f"--speed-of-light wants a preset ({', '.join(PRESETS)}) or a checkpoint "
                          f"directory, got {spec!r}")
@@ -132,8 +133,9 @@ def verification_round(model, name, copies, cache, rule):
                                 rows=packed_rows(copies, mask_id, counts[0]))
         return forward, lambda: rule(forward(), copies[0], 0).tolist()
     extra = (lambda lg, cp, st: ranks(lg, st, rule, 4, cp)) if name == "spiffy" else (lambda *a: ())
-    forward = lambda: verify_copies(sess, copies, pos, counts, mask_id)
-    return forward, lambda: walk(forward(), copies, counts, 1, rule, extra=extra)
+    g = Guesses(copies, counts)
+    forward = lambda: verify_copies(sess, g, pos)
+    return forward, lambda: walk(forward(), g, 1, rule, extra=extra)
 
 
 def time_verification(model, time_it, cache, iters, B=4):
@@ -156,6 +158,24 @@ def time_verification(model, time_it, cache, iters, B=4):
         r.update(x_plain=r["forward_ms"] / rows[0]["forward_ms"],
                  round_x_plain=r["round_ms"] / rows[0]["round_ms"])
     return rows
+
+
+def show(result):
+    """speed_of_light's figures, a line each."""
+    rows, verification, loop = result["forwards"], result["verification"], result["loop"]
+    print(f"{result['model']}: {result['params'] / 1e6:.1f}M parameters, {result['weight_gb']:.3f} GB of "
+          f"weights, measured bandwidth {result['bandwidth_gb_s']:.0f} GB/s, cache {result['cache_len']}")
+    for r in rows:
+        print(f"  decode forward B={r['block_size']:>2}, cache {r['cache_len']} of {r['cache_rows']:>5} rows: "
+              f"{r['forward_ms']:8.3f} ms, floor "
+              f"{r['floor_ms']:8.3f} ms ({r['x_floor']:.2f}x the floor)")
+    for r in verification:
+        print(f"  {r['decoder']:>6} forward, B=4, {r['copies']} block(s), logits at {r['logit_rows']:>2} "
+              f"of {r['queries']:>2} rows: {r['forward_ms']:8.3f} ms ({r['x_plain']:.2f}x plain's), "
+              f"with its {'rule' if r['decoder'] == 'plain' else 'walk'} {r['round_ms']:8.3f} ms "
+              f"({r['round_x_plain']:.2f}x)")
+    print(f"  decode loop (B=4, {loop['new_tokens']} tokens, {loop['nfe']} forwards): {loop['loop_s']:.3f} s, its forwards "
+          f"alone {loop['forwards_s']:.3f} s ({loop['x_forwards']:.2f}x: the rest is per-step overhead)")
 
 
 @torch.no_grad()
@@ -204,18 +224,6 @@ def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache
                   loop=dict(new_tokens=new_tokens, nfe=nfe, loop_s=loop, forwards_s=forwards,
                             x_forwards=loop / forwards),
                   date=time.strftime("%Y-%m-%d"))
-    print(f"{spec}: {result['params'] / 1e6:.1f}M parameters, {result['weight_gb']:.3f} GB of "
-          f"weights, measured bandwidth {result['bandwidth_gb_s']:.0f} GB/s, cache {cache_len}")
-    for r in rows:
-        print(f"  decode forward B={r['block_size']:>2}, cache {r['cache_len']} of {r['cache_rows']:>5} rows: "
-              f"{r['forward_ms']:8.3f} ms, floor "
-              f"{r['floor_ms']:8.3f} ms ({r['x_floor']:.2f}x the floor)")
-    for r in verification:
-        print(f"  {r['decoder']:>6} forward, B=4, {r['copies']} block(s), logits at {r['logit_rows']:>2} "
-              f"of {r['queries']:>2} rows: {r['forward_ms']:8.3f} ms ({r['x_plain']:.2f}x plain's), "
-              f"with its {'rule' if r['decoder'] == 'plain' else 'walk'} {r['round_ms']:8.3f} ms "
-              f"({r['round_x_plain']:.2f}x)")
-    print(f"  decode loop (B=4, {new_tokens} tokens, {nfe} forwards): {loop:.3f} s, its forwards "
-          f"alone {forwards:.3f} s ({loop / forwards:.2f}x: the rest is per-step overhead)")
+    show(result)
     print(json.dumps(result))
     return result

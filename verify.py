@@ -1,92 +1,66 @@
-"""Exact verification shared by the speculative decoders: ONE target forward over whole-block
-copies of guessed states, then plain decoding's rule walked through them.
+"""Exact verification shared by the lossless decoders: ONE target forward over whole-block copies
+of guessed states, then plain decoding's rule walked through them.
 
-- verify_copies: the query is [X_t ; s_1 ; ... ; s_n], each copy a full block at the block's
-  own positions, attending to the cache and to itself only (mask.block_copies). Attention is
-  block-causal, so a block never sees anything after it: each copy's logits are exactly the
-  target's in that state, at any depth.
-- The logits are packed: the head runs at the copies' masked positions only, all that the rule
-  reads (with a large vocabulary the head is most of a small model's forward).
+- A proposer (SimSD's drafter, Spiffy's graph, or nothing: plain decoding) turns the frontier
+  into `Guesses`: copies of the open block in states it may reach, and, after a complete copy,
+  copies of the next block, which sees that copy as its earlier block.
+- verify_copies: the query is [X_t ; s_1 ; ... ; s_n], each copy a full block at its block's
+  positions, attending to the cache, to itself and to the copies of the blocks before it
+  (mask.block_copies). Attention is block-causal, so each copy's logits are exactly the
+  target's in that state, at any depth. The logits are packed: the head runs at the copies'
+  masked positions only, all that the rule reads.
 - walk: apply the decoding rule to X_t's logits; while the new state is one of the verified
-  copies, continue from that copy's logits. Every transition is plain decoding's, on exact
-  logits, with the random draws in plain decoding's order: the output is plain decoding's.
-  walk_stepwise is that loop as it reads (a host sync a step); walk_batched, the fast path
-  for a stateless rule, steps every copy in one call and takes the same path (one sync).
+  copies, continue from that copy's logits; a complete one leads on into its next block.
+  Every transition is plain decoding's, on exact logits, with the random draws in plain
+  decoding's order: the output is plain decoding's.
+- lossless_round: propose -> verify -> walk, one round of the loop in decode.py.
 "Lossless" is exact in exact arithmetic and token for token in fp32 (tested). In bf16 a
 copy's logits come from a forward of another shape than plain decoding's, which rounds
 differently, so a near-tie can go the other way: bench.py reports the agreement rate there.
-Spiffy's copies come from its draft graph (spiffy.py), SimSD's from the drafter (speculate.py).
 """
-import bisect
-import itertools
-import time
-import weakref
+from dataclasses import dataclass
 
 import torch
 
 import mask as masks
-from decode import Session, packed_rows, to_device, to_host
+from decode import Advance, Frontier, packed_rows, to_device, to_host
 
 
-def verify_copies(sess, copies, pos, counts, mask_id, parent=None):
-    """copies: (n, B) block states, copies[0] the current block; pos: (B,) its positions;
-    counts: each copy's number of masked positions (host ints); parent: None when every copy
-    is a state of the current block, else (host ints) parent[i] = -1 for such a copy, or the
-    index of the COMPLETE copy of the block before whose next block copy i is a state of.
-    -> (sum(counts), V) logits at the masked positions only, copy by copy, in order (packed:
-    decode.packed_rows)."""
-    n, B = copies.shape
+@dataclass
+class Guesses:
+    """A round's copies, as verify_copies and walk take them."""
+    copies: torch.Tensor   # (n, B) block states; copies[0] is the open block itself
+    counts: list           # each copy's number of masked positions (host ints)
+    parent: list = None    # None: every copy is a state of the open block; else parent[i] = -1
+                           # for those, or the index of the COMPLETE copy of the block before
+                           # the block copy i is a state of
+    data: object = None    # what the proposer wants back with the walk (e.g. SimSD's draft)
+
+
+def propose_nothing(front, room):
+    """Plain decoding as a proposer: the open block's own state, no guess."""
+    return Guesses(front.block[None], [front.n_masked])
+
+
+def verify_copies(sess, g, pos):
+    """ONE target forward over the copies of g (Guesses) at the open block's positions `pos`
+    (B,). -> (sum(counts), V) logits at the masked positions only, copy by copy, in order
+    (packed: decode.packed_rows)."""
+    n, B = g.copies.shape
     positions, sees = pos.repeat(n), None
-    if parent is not None:          # a copy of a later block sits B positions on per block
-        depth, sees = tree(parent)
+    if g.parent is not None:        # a copy of a later block sits B positions on per block
+        depth, sees = lineage(g.parent)
         positions = (pos + B * to_device(depth, pos.device)[:, None]).flatten()
         sees = to_device(sees, pos.device).bool()
-    return sess.forward(copies.flatten(), positions, lambda c, k: masks.block_copies(c, k, B, sees),
-                        keep=n * B, rows=packed_rows(copies, mask_id, sum(counts)))
+    rows = packed_rows(g.copies, sess.model.config.mask_token_id, sum(g.counts))
+    return sess.forward(g.copies.flatten(), positions,
+                        lambda c, k: masks.block_copies(c, k, B, sees), keep=n * B, rows=rows)
 
 
-COSTS = weakref.WeakKeyDictionary()   # model -> {B: its forward_cost}
-
-
-def forward_cost(model, B):
-    """cost(n) -> the seconds a verification forward of n whole-block copies takes on this model
-    and its device, measured once per block size (measure_cost): what the copies of a round
-    are sized by (cost-sized copies: spiffy.draft_copies, speculate.Draft.sized)."""
-    costs = COSTS.setdefault(model, {})
-    if B not in costs:
-        costs[B] = measure_cost(model, B)
-    return costs[B]
-
-
-def measure_cost(model, B, repeats=5):
-    """forward_cost's measurement: forwards of n = 1, 2, 4, 8, 16 all-mask copies after two
-    blocks of cache, the fastest of `repeats` each, taken in turns (1, 2, ..., 16, 1, 2, ...)
-    so that a slow spell of the machine spreads over every n; linear between and past."""
-    device, mask_id = model.embed.weight.device, model.config.mask_token_id
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sess = Session(model, B, 19 * B)
-    sess.prefill(torch.zeros(2 * B, dtype=torch.long, device=device))
-    pos, ns = torch.arange(2 * B, 3 * B, device=device), (1, 2, 4, 8, 16)
-    times = {n: [] for n in ns}
-    for _ in range(repeats + 1):                                      # the first: a warm-up
-        for n in ns:
-            sync()
-            t0 = time.perf_counter()
-            verify_copies(sess, torch.full((n, B), mask_id, device=device), pos, [B] * n, mask_id)
-            sync()
-            times[n].append(time.perf_counter() - t0)
-    ts = list(itertools.accumulate((min(times[n][1:]) for n in ns), max))   # more copies never cheaper
-
-    def cost(n):
-        i = min(max(bisect.bisect_left(ns, n), 1), len(ns) - 1)      # the segment n is on (or past)
-        return ts[i - 1] + (ts[i] - ts[i - 1]) * (n - ns[i - 1]) / (ns[i] - ns[i - 1])
-    return cost
-
-
-def tree(parent, at_least=16):
-    """parent (see verify_copies) -> each copy's depth (blocks past the current one), and
-    sees[q][k]: copy q sees copy k, itself or a block it continues; padded to at_least x
-    at_least, so that the mask's captured tensor keeps one shape (no recompiles)."""
+def lineage(parent, at_least=16):
+    """parent (Guesses') -> each copy's depth (blocks past the open one), and sees[q][k]: copy
+    q sees copy k, itself or a block it continues; padded to at_least x at_least, so that the
+    mask's captured tensor keeps one shape (no recompiles)."""
     n = len(parent)
     size = max(n, at_least)
     depth, sees = [0] * n, [[0] * size for _ in range(size)]
@@ -98,19 +72,16 @@ def tree(parent, at_least=16):
     return depth, sees
 
 
-def groups(parent, counts, copies):
-    """Which states the walk may go on to, as device tensors: (n,) the block each copy is a
-    state of (its parent), and (n,) whether it has a mask left or a next block to go on to;
-    and, on the host, the next block's first copy (all masks) of each complete copy that has one."""
-    n, B = copies.shape
-    parent = [-1] * n if parent is None else parent
-    child = {}
-    for i, p in enumerate(parent):
-        if p >= 0 and counts[i] == B:
-            child.setdefault(p, i)
-    go_on = [int(counts[i] > 0 or i in child) for i in range(n)]
-    group, go_on = to_device([parent, go_on], copies.device)
-    return group, go_on.bool(), child
+@dataclass
+class Walk:
+    """Where plain decoding went through the verified copies."""
+    path: list        # the transitions, [(logits stepped from (that copy's, packed), new state)]
+    host: list        # the last new state (where the round ends), on the host
+    hint: list        # its rows of the walk's `extra`, on the host
+    crossed: list     # where it finished a block and went on:
+                      # [(transitions so far, the complete copy)]
+    copies: list      # every copy, on the host
+    visited: list     # the copies it reached, in order
 
 
 def no_extra(logits, copies, states):
@@ -118,65 +89,95 @@ def no_extra(logits, copies, states):
     return ()
 
 
-def walk(logits, copies, counts, step, rule, generator=None, extra=no_extra, parent=None):
-    """Plain decoding through verified states. logits, counts, parent: verify_copies' (logits
-    packed); step: the rule's step index at copies[0]. -> (path, host, crossed): the
-    transitions taken, [(logits stepped from (that copy's, packed), new state)], at least
-    one, the last new state where the round ends; as lists, that state and its rows of
-    extra(logits, copies, new states) (extra: the packed logits of (m, B) copies and the (m,
-    B) states they step to -> tensors of m rows); and where the walk finished a block and
-    went on into the next: [(transitions so far, the complete copy)].
-    A new state with a mask left goes on from the copy of the same block in that state; a
-    complete one, from the next block's first copy after it (parent), the step index back at 0.
-    Two ways to the same result (tests/test_walk.py): walk_stepwise, plain decoding's own
-    loop, a host sync a step, for any rule; and for a stateless rule (DecodeRule.stateless)
-    walk_batched, which steps every copy at once: ONE host sync."""
+def walk(logits, g, step, rule, generator=None, extra=no_extra):
+    """Plain decoding through the verified copies of g, from copies[0] at the rule's step index
+    `step`: a new state with a mask left goes on from the copy of the same block in that
+    state, a complete one from the next block's first copy after it (step index back at 0).
+    extra(packed logits of (m, B) copies, the (m, B) states they step to) -> tensors of m rows,
+    brought to the host with the walk (Walk.hint: the last state's rows). Two ways to the same
+    result (tests/test_walk.py): walk_stepwise, plain decoding's own loop, a host sync a step,
+    for any rule; and for a stateless rule (DecodeRule.stateless) walk_batched, which steps
+    every copy at once: ONE host sync."""
     if rule.stateless:
-        return walk_batched(logits, copies, counts, step, rule, extra, parent)
-    return walk_stepwise(logits, copies, counts, step, rule, generator, extra, parent)
+        return walk_batched(logits, g, step, rule, extra)
+    return walk_stepwise(logits, g, step, rule, generator, extra)
 
 
-def walk_stepwise(logits, copies, counts, step, rule, generator=None, extra=no_extra, parent=None):
-    """The walk as plain decoding takes it, one step at a time (the reference, for any rule:
-    the random draws come in plain decoding's order). Step the current copy on its logits; if
-    the new state is a verified copy the walk can go on from, go on, else the round ends at
-    the new state. A host sync a step."""
-    each = logits.split(counts)                                             # copy i's: (counts[i], V)
-    group, go_on, child = groups(parent, counts, copies)
-    path, crossed, i = [], [], 0
+def successors(g):
+    """Which copies the walk may go on to, as device tensors: (n,) the block each copy is a state
+    of (its parent), and (n,) whether it has a mask left or a next block to go on to; and on the
+    host, the next block's first copy (all masks) of each complete copy that has one."""
+    n, B = g.copies.shape
+    parent = [-1] * n if g.parent is None else g.parent
+    first = {}
+    for i, p in enumerate(parent):
+        if p >= 0 and g.counts[i] == B:
+            first.setdefault(p, i)
+    open_ = [int(g.counts[i] > 0 or i in first) for i in range(n)]
+    block_of, open_ = to_device([parent, open_], g.copies.device)
+    return block_of, open_.bool(), first
+
+
+def walk_stepwise(logits, g, step, rule, generator=None, extra=no_extra):
+    """The walk as plain decoding takes it, one step at a time (the reference, for any rule: the
+    random draws come in plain decoding's order). A host sync a step."""
+    each, copies = logits.split(g.counts), g.copies
+    block_of, open_, first = successors(g)
+    path, crossed, visited, i = [], [], [], 0
     while True:
         new = rule(each[i], copies[i], step, generator)
         path.append((each[i], new))
-        hit = same_state(copies, new) & (group == group[i]) & go_on          # (n,): go on from?
-        j, *host = to_host(first_true(hit), new[None], *extra(each[i], copies[i][None], new[None]))
-        if j == len(copies):                                # (host sync above) none: the round ends
-            return path, [h[0] for h in host], crossed
-        if counts[j]:
+        hit = same_state(copies, new) & (block_of == block_of[i]) & open_      # (n,): go on from?
+        more = extra(each[i], copies[i][None], new[None])
+        j, host, all_copies, *hint = to_host(first_true(hit), new, copies, *more)
+        if j == len(copies):                                # none: the round ends
+            return Walk(path, host, [h[0] for h in hint], crossed, all_copies, visited)
+        visited.append(j)
+        if g.counts[j]:
             i, step = j, step + 1
         else:                                               # block finished: on into the next
             crossed.append((len(path), j))
-            i, step = child[j], 0
+            i, step = first[j], 0
 
 
-def walk_batched(logits, copies, counts, step, rule, extra=no_extra, parent=None):
+def walk_batched(logits, g, step, rule, extra=no_extra):
     """walk_stepwise's result for a stateless rule, with ONE host sync. Such a step depends on
-    its state and logits only (no draw, the same quota at every step index), so the rule can
-    step EVERY copy in one batched call, whether the walk reaches it or not; which copy each
-    new state is, is found on the device too, and only the chain is followed on the host."""
-    each = logits.split(counts)                                             # copy i's: (counts[i], V)
-    group, go_on, child = groups(parent, counts, copies)
+    its state and logits only (no draw, the same quota at every step index), so the rule steps
+    EVERY copy in one batched call, whether the walk reaches it or not; which copy each new
+    state is, is found on the device too, and only the chain is followed on the host."""
+    each, copies = logits.split(g.counts), g.copies
+    block_of, open_, first = successors(g)
     new = rule(logits, copies, step)                                        # (n, B): each stepped
-    hit = same_state(copies[None], new[:, None]) & (group[None] == group[:, None]) & go_on
-    nxt, new_h, *extra_h = to_host(first_true(hit), new, *extra(logits, copies, new))   # host sync
-    path, crossed = [0], []                 # copy i's next state is copy nxt[i], if any
+    hit = same_state(copies[None], new[:, None]) & (block_of[None] == block_of[:, None]) & open_
+    more = extra(logits, copies, new)
+    nxt, new_h, all_copies, *hint = to_host(first_true(hit), new, copies, *more)
+    path, crossed, visited = [0], [], []    # copy i's next state is copy nxt[i], if any
     while nxt[path[-1]] < len(copies):
         j = nxt[path[-1]]
-        if not counts[j]:
+        visited.append(j)
+        if not g.counts[j]:
             crossed.append((len(path), j))
-            j = child[j]
+            j = first[j]
         path.append(j)
     last = path[-1]
-    return [(each[i], new[i]) for i in path], [new_h[last]] + [e[last] for e in extra_h], crossed
+    return Walk([(each[i], new[i]) for i in path], new_h[last], [h[last] for h in hint], crossed,
+                all_copies, visited)
+
+
+def lossless_round(sess, rule, propose, generator=None, extra=no_extra):
+    """A round of the lossless decoders (decode.decode's round_): propose(front, room) ->
+    Guesses; ONE forward of sess verifies them; the target's own rule walks through them.
+    -> (decode.Advance, the guesses, the walk)."""
+    def round_(front, room):
+        g = propose(front, room)
+        w = walk(verify_copies(sess, g, front.pos), g, front.step, rule, generator, extra)
+        done = [(g.copies[j], w.copies[j], j) for _, j in w.crossed]
+        step = len(w.path) - w.crossed[-1][0] if w.crossed else front.step + len(w.path)
+        pos = front.pos + rule.block_size * len(w.crossed)
+        n_masked = w.host.count(rule.mask_id)
+        front = Frontier(w.path[-1][1], pos, n_masked, w.host, step, tuple(w.hint))
+        return Advance(done, front), g, w
+    return round_
 
 
 def first_true(flags):

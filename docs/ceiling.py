@@ -1,6 +1,6 @@
 """How far past the block the speculative decoders get, and what stops them (docs/results.md):
 counts only, exact on any machine. On held-out problems, greedy, threshold rule, every copy
-verified (cost_sized=False: the counts a GPU's nearly free copies would give):
+verified (no cost model: the counts a GPU's nearly free copies would give):
 
   - Spiffy: a round can finish its block and take the next block's FIRST step (its drafts of
     block k+1 need block k+1's distribution, which only this forward computes), so it spends
@@ -32,7 +32,7 @@ for B in (4, 8, 32):
     graph = load_graph(graph_path(cli.DEFAULT_TARGET, rule), rule)
     tokens = forwards = blocks = ahead = 0
     for ids in prompts:
-        out, st = spiffy_generate(target, ids, 64, rule, graph, cost_sized=False)
+        out, st = spiffy_generate(target, ids, 64, rule, graph)
         tokens, forwards, ahead = tokens + st["tokens"], forwards + st["nfe"], ahead + st["blocks_ahead"]
         blocks += -(-(len(ids) % B + st["tokens"] + (st["stop"] == "stop_id")) // B)   # the stop id's too
     prefill = sum(len(ids) >= B for ids in prompts)
@@ -42,7 +42,7 @@ for B in (4, 8, 32):
     for K in (0, 1, 2):
         tokens, forwards, ends = 0, 0, Counter()
         for ids in prompts:
-            out, st = simsd_generate(target, drafter, ids, 64, rule, lookahead=K, cost_sized=False)
+            out, st = simsd_generate(target, drafter, ids, 64, rule, lookahead=K)
             tokens, forwards = tokens + st["tokens"], forwards + st["nfe"]
             ends.update(st["round_ends"])
         print(f"B={B:2d} simsd lookahead {K}: {tokens / forwards:.2f} tokens a target forward; "

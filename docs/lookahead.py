@@ -5,8 +5,8 @@ confidence fell below draft_stop inside a block; a stop id ended a drafted block
 the K + 1 blocks allowed, fewer where max_new_tokens leaves less room), and how many blocks the
 target's walk finished. Drafts that reach far but walks that finish few: the target's steps
 limit the lookahead; drafts that stop short: the drafter does.
-Then --spec simsd as it runs (K = 3, copies sized to this machine's measured forward cost, so
-these counts are this machine's): how many drafted tokens the sizing verifies, with the
+Then --spec simsd as it runs (K = 3, copies sized by the cost tables shipped next to the target,
+measured on the 2-core CPU the README names): how many drafted tokens the sizing verifies, with the
 drafter stopping where its drafts fall past the prefix worth verifying, and without; and the
 drafter forwards an oracle would spend, stopping right after the last draft the round accepts;
 how many of the drafts the sizing cut came from the drafter's last forward; and the drafts the
@@ -29,7 +29,7 @@ from prepare import problems  # noqa: E402
 torch.set_num_threads(1)
 target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", (4, 8, 32))
 reached, finished, why = Counter(), Counter(), Counter()
-draft, accept = speculate.draft, speculate.accept_lossless
+draft, accept = speculate.draft, speculate.accepted
 
 
 def drafted(*args, **kw):
@@ -42,13 +42,13 @@ def drafted(*args, **kw):
     return d
 
 
-def accepted(*args, **kw):
-    out = accept(*args, **kw)
-    finished[len(out[4])] += 1
-    d = args[3]
-    cut["oracle"] += int(d.tau[out[1] - 1]) if out[1] else 0         # forwards up to the last accepted
+def accepted(g, w):
+    out = accept(g, w)
+    finished[len(w.crossed)] += 1
+    d = g.data
+    cut["oracle"] += int(d.tau[out[0] - 1]) if out[0] else 0         # forwards up to the last accepted
     cut["expected"] += float(d.p_draft.gather(-1, d.tokens[:, None]).squeeze(-1).cumprod(0).sum())
-    cut["accepted"] += out[1]
+    cut["accepted"] += out[0]
     return out
 
 
@@ -62,7 +62,8 @@ def verified(d, cost):
     return kept
 
 
-speculate.draft, speculate.accept_lossless, speculate.Draft.sized = drafted, accepted, verified
+speculate.draft, speculate.accepted, speculate.Draft.sized = drafted, accepted, verified
+cost = {B: cli.cost_model(cli.DEFAULT_TARGET, target, B)[0] for B in (4, 8, 32)}   # the shipped tables
 prompts = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(int(sys.argv[1]), "test")]
 print("B  K  rounds  tokens/fwd   draft reached 1 / 2 / 3 / 4 blocks   stopped by confidence / stop id / "
       "blocks allowed (of them, fewer for room)   walk finished 0 / 1 / 2 / 3 blocks")
@@ -72,7 +73,7 @@ for B in (4, 8, 32):
         reached.clear(), finished.clear(), why.clear()
         tokens = nfe = 0
         for ids in prompts:
-            out, st = speculate.simsd_generate(target, drafter, ids, 64, rule, lookahead=K, cost_sized=False)
+            out, st = speculate.simsd_generate(target, drafter, ids, 64, rule, lookahead=K)
             tokens, nfe = tokens + len(out), nfe + st["nfe"]
         n = sum(reached.values())
         share = lambda c, k: f"{100 * c[k] / n:4.0f}%"      # noqa: E731
@@ -88,7 +89,7 @@ for B in (4, 8, 32):
         cut.clear()
         tokens = nfe = nfe_draft = 0
         for ids in prompts:
-            out, st = speculate.simsd_generate(target, drafter, ids, 64, rule, cost_sized=size)
+            out, st = speculate.simsd_generate(target, drafter, ids, 64, rule, cost=cost[B] if size else None)
             tokens, nfe, nfe_draft = tokens + len(out), nfe + st["nfe"], nfe_draft + st["nfe_draft"]
         kept = f"{cut['verified'] / cut['drafted']:8.0%}" if size else "    100%"
         last = f"{cut['cut in last']} of {cut['drafted'] - cut['verified']}" if size else ""

@@ -17,6 +17,7 @@ import cli  # noqa: E402
 import decode  # noqa: E402
 import speculate  # noqa: E402
 import spiffy  # noqa: E402
+import verify  # noqa: E402
 from prepare import problems  # noqa: E402
 
 torch.set_num_threads(1)
@@ -24,7 +25,7 @@ target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", (4,))
 rule = cli.make_rule(target, 4, cli.THRESHOLD)
 graph = spiffy.load_graph(spiffy.graph_path(cli.DEFAULT_TARGET, rule), rule)
 prompts = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(40, "test")]
-T = defaultdict(float)
+T, method = defaultdict(float), [""]
 
 
 def timed(mod, name, key):
@@ -33,20 +34,20 @@ def timed(mod, name, key):
     def wrapped(*a, **k):
         t0 = time.perf_counter()
         out = f(*a, **k)
-        T[key] += time.perf_counter() - t0
+        T[f"{method[0]}: {key}"] += time.perf_counter() - t0
         return out
     setattr(mod, name, wrapped)
 
 
-timed(speculate, "draft", "simsd: draft (drafter forwards + syncs)")
-timed(speculate, "verify_copies", "simsd: target verification forward")
-timed(speculate, "accept_lossless", "simsd: walk + accept")
-timed(spiffy, "verify_copies", "spiffy: target verification forward")
-timed(spiffy, "walk", "spiffy: walk + ranks")
-timed(spiffy, "draft_copies", "spiffy: build drafts + copies")
+timed(speculate, "draft", "draft (drafter forwards + syncs)")
+timed(verify, "verify_copies", "target verification forward")
+timed(verify, "walk", "walk (+ ranks for spiffy)")
+timed(speculate, "accepted", "count accepted drafts")
+timed(spiffy, "draft_copies", "build drafts + copies")
 for name, run in (("threshold", lambda ids: decode.generate(target, ids, 64, rule)),
                   ("simsd", lambda ids: speculate.simsd_generate(target, drafter, ids, 64, rule)),
                   ("spiffy", lambda ids: spiffy.spiffy_generate(target, ids, 64, rule, graph))):
+    method[0] = name
     run(prompts[0])                                           # warm-up (its parts are counted too)
     t0, counts = time.perf_counter(), defaultdict(int)
     for ids in prompts:

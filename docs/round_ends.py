@@ -20,18 +20,17 @@ from prepare import problems  # noqa: E402
 torch.set_num_threads(1)
 target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", (4, 8))
 why = Counter()
-orig = speculate.accept_lossless
+orig = speculate.accepted
 
 
-def wrapped(logits, copies, counts, d, step, rule, generator=None):
-    out = orig(logits, copies, counts, d, step, rule, generator)
-    new, accepted, steps, reason, crossed = out
-    if reason == "target chose otherwise" and not crossed:
-        B = copies.shape[1]
-        start, drafted = copies[0].tolist(), {}
+def wrapped(g, w):
+    out = orig(g, w)
+    if out[0] < out[1] and not w.crossed:                            # "target chose otherwise"
+        d, B, mask_id = g.data, len(w.host), target.config.mask_token_id
+        start, drafted = w.copies[0], {}
         for p, t in zip(d.pos.tolist(), d.tokens.tolist()):
             if p < B: drafted[p] = t
-        revealed = [(p, t) for p, t in enumerate(new.tolist()) if start[p] == rule.mask_id and t != rule.mask_id]
+        revealed = [(p, t) for p, t in enumerate(w.host) if start[p] == mask_id and t != mask_id]
         if any(p in drafted and drafted[p] != t for p, t in revealed):
             kind = "a token other than the drafter's"
         elif any(p not in drafted for p, _ in revealed):
@@ -42,11 +41,11 @@ def wrapped(logits, copies, counts, d, step, rule, generator=None):
     return out
 
 
-speculate.accept_lossless = wrapped
+speculate.accepted = wrapped
 for B in (4, 8):
     rule = cli.make_rule(target, B, cli.THRESHOLD)
     for p in problems(int(sys.argv[1]), "test"):
         ids = tok.encode(f"Question: {p['question']}\nAnswer:")
-        speculate.simsd_generate(target, drafter, ids, 64, rule, lookahead=1, cost_sized=False)
+        speculate.simsd_generate(target, drafter, ids, 64, rule, lookahead=1)
 for k, v in sorted(why.items()):
     print(f"B={k[0]}: {k[1]}: {v} rounds")

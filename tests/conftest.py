@@ -32,7 +32,6 @@ if str(ROOT) not in sys.path:
 
 from model import PRESETS, ModelConfig, Transformer  # noqa: E402
 from prepare import problems  # noqa: E402
-import verify  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -64,17 +63,6 @@ def config_changes(before):
     """{name: (before, now)} for each entry of torch._dynamo.config that differs from `before`."""
     now = dynamo_config()
     return {k: (v, now.get(k, DELETED)) for k, v in before.items() if now.get(k, DELETED) != v}
-
-
-MEASURE_COST = verify.measure_cost      # the real one, for the test that measures
-
-
-@pytest.fixture(autouse=True)
-def flat_forward_cost(monkeypatch):
-    """Cost-sized copies (verify.forward_cost) read forward times, which move with the
-    machine's load: in the tests every model's cost is flat (every copy pays), so that their
-    counts are exact. tests/test_lookahead.py sets costs of its own and measures a real one."""
-    monkeypatch.setattr(verify, "measure_cost", lambda model, B, repeats=3: lambda n: 1.0)
 
 
 @pytest.fixture(autouse=True)

@@ -13,9 +13,10 @@ import shutil
 import pytest
 import torch
 
+import calibrate
 import cli
 import sample
-import spiffy
+from checkpoint import save_pretrained
 from conftest import make_model
 from tokenizer import load_tokenizer
 
@@ -42,7 +43,7 @@ def checkpoint(path, seed, template=TEMPLATE, eos=(ENDOFTEXT, IM_END)):
     """A random 2-layer model with the real vocabulary and Qwen3's tokenizer files."""
     model = make_model(vocab=151936, mask_token_id=MASK, eos_token_id=ENDOFTEXT, seed=seed,
                        max_seq_len=4096)
-    model.save_pretrained(path, dtype=torch.float32)
+    save_pretrained(model, path, torch.float32)
     for name in ("vocab.json", "merges.txt", "tokenizer.json"):
         shutil.copy(os.path.join(qwen_files(), name), path / name)
     config = json.loads(open(os.path.join(qwen_files(), "tokenizer_config.json")).read())
@@ -101,7 +102,7 @@ def test_every_decoder_stops_at_an_end_of_turn_id_it_had_not_seen(dirs, tmp_path
     checkpoint(tmp_path / "stopping-drafter", seed=1, eos=(ENDOFTEXT, stop))
     calib = tmp_path / "calib.jsonl"
     calib.write_text("".join(json.dumps({"question": q}) + "\n" for q in QUESTIONS[1:]))
-    spiffy.main(target=str(stopping), block_sizes=(4,), prompts=3, data=calib, chat=True,
+    calibrate.main(target=str(stopping), block_sizes=(4,), prompts=3, data=calib, chat=True,
                 max_new_tokens=24)
     assert (stopping / "spiffy_graph_b4_static.json").is_file()
     static = dict(strategy="low_confidence_static")   # one token a step; the default is the threshold rule

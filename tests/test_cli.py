@@ -11,8 +11,11 @@ import sentencepiece as spm
 import torch
 
 import bench
+import checkpoint
 import cli
+import objective
 import sample
+import sol
 import train
 from conftest import tiny_corpus
 from decode import generate
@@ -114,7 +117,7 @@ def test_the_modelled_gpu_cost_is_a_roofline_of_the_counted_forwards():
     forward past the ridge point costs in proportion to its rows; a drafter forward costs its
     share of the target's weights."""
     gpu = bench.GPU_MODEL
-    params = {k: bench.preset_params(k) for k in (gpu["target"], gpu["drafter"])}
+    params = {k: sol.preset_params(k) for k in (gpu["target"], gpu["drafter"])}
     ridge = gpu["flops"] / gpu["bandwidth"]                 # rows where compute equals the weight read
     assert bench.modelled_gpu_cost({4: 10, 40: 5}, {}, 30) == pytest.approx(15 / 30)
     assert bench.modelled_gpu_cost({round(4 * ridge): 1}, {}, 1) == pytest.approx(round(4 * ridge) / ridge)
@@ -167,8 +170,8 @@ def test_short_training_run_lowers_held_out_loss_and_saves_a_loadable_model(tmp_
     log = json.loads((tmp_path / "m" / "train_log.json").read_text())
     for key in ("val_arith/B4", "val_arith/B32"):
         assert log[-1][key] < log[0][key] - 0.5, key
-    model = Transformer.from_pretrained(tmp_path / "m")
-    assert model.config.block_sizes == train.BLOCK_SIZES
+    model = checkpoint.from_pretrained(tmp_path / "m")
+    assert model.config.block_sizes == objective.BLOCK_SIZES
     with pytest.raises(ValueError, match="another model config"):
         train.main(**dict(kw, preset="drafter", ckpt_dir=tmp_path / "ck", resume=True, iters=61))
 
@@ -181,8 +184,8 @@ def test_training_loss_keeps_every_tensor_on_the_data_device(monkeypatch):
     with torch.device("meta"):
         model = Transformer(ModelConfig(**PRESETS["tiny"]))
     x0 = torch.zeros(2, 64, dtype=torch.long, device="meta")
-    for B in train.BLOCK_SIZES:
-        assert train.bd3lm_loss(model, x0, B, torch.Generator()).device.type == "meta"
+    for B in objective.BLOCK_SIZES:
+        assert objective.bd3lm_loss(model, x0, B, torch.Generator()).device.type == "meta"
 
 
 def test_mark_prompts_keeps_each_question_clean_and_pads_each_answer():
@@ -191,7 +194,7 @@ def test_mark_prompts_keeps_each_question_clean_and_pads_each_answer():
     ps = problems(3, "test")
     docs = [tok.encode(f"Question: {p['question']}\nAnswer: {p['answer']}") + [tok.eos_id] for p in ps]
     data = np.array(text + [i for d in docs for i in d], np.uint16)
-    padded, keep = train.mark_prompts(data, tok.encode("Answer:"), tok.eos_id, pad=5)
+    padded, keep = objective.mark_prompts(data, tok.encode("Answer:"), tok.eos_id, pad=5)
     assert not keep[:len(text)].any() and (padded[:len(text)] == text).all()
     start = len(text)
     for p, d in zip(ps, docs):
@@ -202,7 +205,7 @@ def test_mark_prompts_keeps_each_question_clean_and_pads_each_answer():
         start += len(d) + 5
     assert start == len(padded)
     x0 = torch.arange(256).view(2, 128)
-    xt, masked = train.noise(x0, 8, -1, torch.Generator().manual_seed(0), keep=x0 % 3 == 0)
+    xt, masked = objective.noise(x0, 8, -1, torch.Generator().manual_seed(0), keep=x0 % 3 == 0)
     assert not masked[x0 % 3 == 0].any() and masked.any() and (xt[masked] == -1).all()
 
 
@@ -262,7 +265,7 @@ def test_interrupted_save_keeps_the_previous_checkpoint_and_resume_continues(tmp
     train.main(**kw, resume=True)
     ckpt = torch.load(ck / "ckpt.pt")
     assert ckpt["iter"] == 12 and [r["iter"] for r in ckpt["log"]] == [0, 4, 8, 11]
-    Transformer.from_pretrained(out)
+    checkpoint.from_pretrained(out)
 
 
 def test_train_bad_input(tmp_path):

@@ -70,14 +70,13 @@ def run(s):
             torch.manual_seed(0)  # from the global stream there
             GRAPHS[key] = calibrate(make_model(n_layer=2, block_size=B, seed=0), [tokens(5, 1), tokens(
                 B + 2, 2), tokens(2 * B, 3)], DecodeRule(MASK_ID, B, **RULES[s["rule"]]), 16)
-        out, st = spiffy_generate(target, s["prompt"], s["max_new"], rule, GRAPHS[key], copy_commit=s["keep"],
-                                  cost_sized=False, **kw)
+        out, st = spiffy_generate(target, s["prompt"], s["max_new"], rule, GRAPHS[key], copy_commit=s["keep"], **kw)
     else:
         accept = method[6:]
         verifier = "temporal" if accept == "temporal" else "copies"
         out, st = simsd_generate(target, drafter, s["prompt"], s["max_new"], rule, verifier=verifier,
                                  acceptance="paper" if verifier == "temporal" else accept,
-                                 lookahead=s["lookahead"], copy_commit=s["keep"], cost_sized=False, **kw)
+                                 lookahead=s["lookahead"], copy_commit=s["keep"], **kw)
     counts = {k: st[k] for k in KEYS if k in st}
     return out, json.loads(json.dumps(counts))    # (int keys of dicts as JSON has them)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import checkpoint
 from decode import STRATEGIES, DecodeRule, generate
-from model import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 SDAR = json.loads((Path(__file__).parent / "fixtures" / "sdar_reference.json").read_text())
@@ -26,7 +26,7 @@ SDAR = json.loads((Path(__file__).parent / "fixtures" / "sdar_reference.json").r
 
 @pytest.fixture(scope="module")
 def target():
-    return Transformer.from_pretrained(Path(__file__).parent / "fixtures" / "sdar_target", dtype=torch.float32)
+    return checkpoint.from_pretrained(Path(__file__).parent / "fixtures" / "sdar_target", dtype=torch.float32)
 
 
 @pytest.mark.parametrize("B", [4, 8, 32])

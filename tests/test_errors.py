@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import checkpoint
 from conftest import tiny_corpus
 from model import PRESETS, ModelConfig, Transformer
 
@@ -69,7 +70,7 @@ def weights_without(d):
 def small_model(d):
     """A 97-token model next to the shipped 2048-piece tokenizer."""
     t = d / "small"
-    Transformer(ModelConfig(**PRESETS["tiny"])).save_pretrained(t, dtype=torch.float32)
+    checkpoint.save_pretrained(Transformer(ModelConfig(**PRESETS["tiny"])), t, torch.float32)
     shutil.copy(TARGET / "tokenizer.model", t)
     return t
 
@@ -96,7 +97,7 @@ def graph(**changes):
 
 WEIGHTS = (TARGET / "model.safetensors").read_bytes()
 SAMPLE, BENCH_DATA = "sample.py --target {t}", "bench.py --methods plain --data {t}"
-TRAIN, CALIBRATE = "train.py --preset tiny --data-dir {t}", "spiffy.py --calibrate --target {t}"
+TRAIN, CALIBRATE = "train.py --preset tiny --data-dir {t}", "calibrate.py --target {t}"
 # id -> (setup(d) -> a path for {t}, or None; the command; what its one line of stderr must
 # say). In the command {d} is the case's directory, the process's working directory too.
 CASES = {
@@ -208,9 +209,9 @@ CASES = {
                             "--drafter does nothing with --spec spiffy"),
     "draft-budget-0": (None, "sample.py --spec spiffy --draft-budget 0", "--draft-budget must be >= 1"),
     "lossless-with-temporal": (None, "sample.py --verify temporal --accept lossless",
-                               "--accept lossless needs --verify copies"),
+                               "--verify temporal needs --accept paper (not lossless)"),
     "gated-with-temporal": (None, "sample.py --verify temporal --accept gated",
-                            "--accept gated needs --verify copies"),
+                            "--verify temporal needs --accept paper (not gated)"),
     "gate-0": (None, "sample.py --gate 0", "--gate must be in (0, 1]"),
     "gate-with-lossless": (None, "sample.py --accept lossless --gate 0.8", "--gate does nothing with --accept lossless"),
     "draft-stop-2": (None, "sample.py --draft-stop 2", "--draft-stop must be in (0, 1]"),
@@ -246,14 +247,13 @@ CASES = {
                              "--resume: cannot read"),
     "train-out-dir-a-file": (data_and("f", "not a directory"), TRAIN + " --out-dir {d}/f", "is not a directory"),
     "train-finetune-first": (data, TRAIN + " --finetune --out-dir {d}/m", "--finetune: no model in"),
-    # spiffy.py --calibrate
-    "calibrate-nothing-to-do": (target, "spiffy.py --target {t}", "pass --calibrate"),
+    # calibrate.py
     "calibrate-block-size-16-0": (target, CALIBRATE + " --block-size 16,0", "--block-size must be >= 1, got 0"),
     "calibrate-block-size-16": (target, CALIBRATE + " --block-size 4,16", "not 16"),
     "calibrate-block-size-not-numbers": (target, CALIBRATE + " --block-size 4,x", "comma-separated integers"),
     "calibrate-prompts-0": (target, CALIBRATE + " --prompts 0", "--prompts must be >= 1"),
     "calibrate-budget-0": (target, CALIBRATE + " --budget 0", "--budget must be >= 1"),
-    "calibrate-target-missing": (None, "spiffy.py --calibrate --target {d}/nowhere", "does not exist"),
+    "calibrate-target-missing": (None, "calibrate.py --target {d}/nowhere", "does not exist"),
     "calibrate-data-empty": (lambda d: target(d, **{"q.jsonl": ""}), CALIBRATE + " --data {t}/q.jsonl",
                              "holds no prompts"),
     "calibrate-data-no-question": (lambda d: target(d, **{"q.jsonl": '{"prompt": "2+2?"}\n'}),
@@ -304,7 +304,7 @@ def tree(d):
 FORKER = """
 import gc, json, os, runpy, signal, sys
 sys.path[0] = sys.argv[1]
-import bench, prepare, sample, spiffy, train, torch, model
+import bench, calibrate, prepare, sample, spiffy, train, torch, model
 with torch.device("meta"):
     model.Transformer(model.ModelConfig())
 gc.freeze()  # else each child's exit walks (and so copies) the whole shared heap: 1 s

@@ -30,8 +30,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import checkpoint
 import mask
-from model import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 B = 4            # block size of every checkpoint here
@@ -127,7 +127,7 @@ def case(request, tmp_path_factory):
     tied, shard, layout, theta = CASES[request.param]
     path = tmp_path_factory.mktemp(request.param)
     hf = build_hf_checkpoint(path, tied, shard, layout, theta)
-    return request.param, hf, path, Transformer.from_pretrained(path)
+    return request.param, hf, path, checkpoint.from_pretrained(path)
 
 
 # ============================================================================ parity
@@ -147,7 +147,7 @@ def test_loaded_config_and_weights(case):
     for hf_name, t in ref.items():
         if hf_name == "lm_head.weight" and tied:
             continue
-        assert torch.equal(ours_state[Transformer.rename(hf_name)], t), hf_name
+        assert torch.equal(ours_state[checkpoint.rename(hf_name)], t), hf_name
 
 
 def test_hf_reference_applies_the_block_mask(case):
@@ -219,7 +219,7 @@ def test_cached_decode_step_matches_full_forward_and_hf(case, impl):
 
 def test_bf16_load(case):
     name, hf, path, m32 = case
-    m16 = Transformer.from_pretrained(path, dtype=torch.bfloat16)
+    m16 = checkpoint.from_pretrained(path, dtype=torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in m16.parameters())
     assert (m16.lm_head.weight is m16.embed.weight) == CASES[name][0]
     ids = random_ids(T, seed=4)
@@ -238,7 +238,7 @@ def test_bf16_load(case):
 
 def small_checkpoint(make_model, path, tied=False):
     """A tiny SDAR checkpoint in HF layout (our save_pretrained, fp32, one file)."""
-    make_model(tie_embeddings=tied).save_pretrained(path, dtype=torch.float32)
+    checkpoint.save_pretrained(make_model(tie_embeddings=tied), path, torch.float32)
     return path
 
 
@@ -253,14 +253,14 @@ def test_foreign_model_type_raises_naming_it(tiny_model, tmp_path):
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
     with pytest.raises(ValueError, match="llama"):
-        Transformer.from_pretrained(path)
+        checkpoint.from_pretrained(path)
 
 
 def test_unexpected_tensor_raises_naming_it(tiny_model, tmp_path):
     path = small_checkpoint(tiny_model, tmp_path)
     edit_weights(path, lambda s: s.update({"model.layers.0.self_attn.foo.weight": torch.ones(4, 4)}))
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.foo\.weight"):
-        Transformer.from_pretrained(path)
+        checkpoint.from_pretrained(path)
 
 
 MISSING = [("model.layers.1.mlp.up_proj.weight", False), ("model.norm.weight", False),
@@ -273,14 +273,14 @@ def test_missing_tensor_raises_naming_it(tiny_model, tmp_path, hf_name, tied):
     path = small_checkpoint(tiny_model, tmp_path, tied)
     edit_weights(path, lambda s: s.pop(hf_name))
     with pytest.raises(ValueError, match=r"(^|\W)" + hf_name.replace(".", r"\.")):
-        Transformer.from_pretrained(path)
+        checkpoint.from_pretrained(path)
 
 
 def test_missing_tensor_error_uses_the_checkpoint_name(tiny_model, tmp_path):
     path = small_checkpoint(tiny_model, tmp_path)
     edit_weights(path, lambda s: s.pop("model.layers.1.mlp.up_proj.weight"))
     with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
-        Transformer.from_pretrained(path)
+        checkpoint.from_pretrained(path)
 
 
 def test_wrong_shape_raises_naming_it(tiny_model, tmp_path):
@@ -288,7 +288,7 @@ def test_wrong_shape_raises_naming_it(tiny_model, tmp_path):
     name = "model.layers.1.self_attn.k_proj.weight"
     edit_weights(path, lambda s: s.update({name: torch.zeros(s[name].shape[0] + 1, s[name].shape[1])}))
     with pytest.raises(ValueError, match=name.replace(".", r"\.")):
-        Transformer.from_pretrained(path)
+        checkpoint.from_pretrained(path)
 
 
 def test_tied_checkpoint_that_also_stores_the_head_loads(tiny_model, tmp_path):
@@ -297,7 +297,7 @@ def test_tied_checkpoint_that_also_stores_the_head_loads(tiny_model, tmp_path):
     path = small_checkpoint(tiny_model, tmp_path, tied=True)
     edit_weights(path, lambda s: s.update(
         {"lm_head.weight": torch.zeros_like(s["model.embed_tokens.weight"])}))
-    loaded = Transformer.from_pretrained(path)
+    loaded = checkpoint.from_pretrained(path)
     assert loaded.lm_head.weight is loaded.embed.weight
     ids = torch.randint(4, 97, (1, 11), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
@@ -364,13 +364,13 @@ LOAD_AND_MEASURE = """
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
-import model
+import checkpoint
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
 base = rss()
 t0 = time.perf_counter()
-m = model.Transformer.from_pretrained(sys.argv[2], dtype=torch.bfloat16)
+m = checkpoint.from_pretrained(sys.argv[2], dtype=torch.bfloat16)
 seconds = time.perf_counter() - t0
 params = list(m.parameters())
 after_load, peak_load = rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

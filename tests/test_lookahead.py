@@ -20,9 +20,9 @@ import copy
 import pytest
 import torch
 
+import costs
 import speculate
-import verify
-from conftest import MEASURE_COST, make_model
+from conftest import make_model
 from decode import DecodeRule, Session, generate
 from model import PRESETS
 from speculate import simsd_generate
@@ -214,26 +214,25 @@ def test_the_drafters_tentative_commits_are_rolled_back():
 
 @pytest.mark.parametrize("method", ["simsd", "spiffy"])
 def test_cost_sized_copies_never_change_the_output(method):
-    """The copies a round verifies are sized by the measured forward cost (verify.forward_cost):
-    with a flat cost every draft is verified, with a steep one none; the tokens are plain
-    decoding's either way, only the forward count moves."""
+    """The copies a round verifies are sized by a forward cost model (cost=, costs.py): with a
+    flat cost every draft is verified, with a steep one none; the tokens are plain decoding's
+    either way, only the forward count moves."""
     B = 4
     target, drafter = pair(B)
     rule = DecodeRule(MASK_ID, B, strategy="low_confidence_dynamic", threshold=0.6)
     graph = calibrate(target, [tokens(5, 1), tokens(9, 2)], rule, 16) if method == "spiffy" else None
     nfe = {}
-    for name, cost in (("flat", lambda n: 1.0), ("steep", lambda n: float(n) ** 3)):
-        verify.COSTS[target] = {B: cost}
+    for name, cost in (("none", None), ("flat", lambda n: 1.0), ("steep", lambda n: float(n) ** 3)):
         nfe[name] = 0
         for k, (prompt, max_new) in enumerate(cases(B)):
             plain, _ = generate(target, prompt, max_new, rule, eos_id=NO_EOS)
-            out, st = (simsd_generate(target, drafter, prompt, max_new, rule, lookahead=2, eos_id=NO_EOS)
-                       if method == "simsd" else spiffy_generate(target, prompt, max_new, rule, graph, eos_id=NO_EOS))
+            out, st = (simsd_generate(target, drafter, prompt, max_new, rule, lookahead=2, eos_id=NO_EOS, cost=cost)
+                       if method == "simsd" else spiffy_generate(target, prompt, max_new, rule, graph, eos_id=NO_EOS,
+                                                                 cost=cost))
             assert out == plain, (name, k)
             nfe[name] += st["nfe"]
-            assert name == "flat" or max(st["rows"]) <= 3 * B    # the block alone (+ finished blocks)
-    del verify.COSTS[target]
-    assert nfe["flat"] < nfe["steep"]
+            assert name != "steep" or max(st["rows"]) <= 3 * B   # the block alone (+ finished blocks)
+    assert nfe["none"] == nfe["flat"] < nfe["steep"]             # no cost model: every copy verified
 
 
 def test_a_draft_is_cut_to_the_prefix_that_pays():
@@ -261,5 +260,5 @@ def test_the_drafter_stops_where_its_drafts_would_not_be_verified():
 
 
 def test_the_forward_cost_is_measured_and_grows_with_the_copies():
-    cost = MEASURE_COST(make_model(n_layer=2, block_size=4), 4, repeats=1)
+    cost = costs.cost_of(costs.measure(make_model(n_layer=2, block_size=4), 4, repeats=1))
     assert 0 < cost(1) <= cost(2) <= cost(16) <= cost(20) and cost(3) <= cost(4)

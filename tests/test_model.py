@@ -11,9 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import checkpoint
 import mask
 from decode import DecodeRule, generate
-from model import PRESETS, ModelConfig, Transformer
+from model import PRESETS, ModelConfig
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 NO_EOS = -1     # an eos_id that never occurs: fixed-length output
@@ -382,8 +383,8 @@ def test_bad_decode_rules_raise(kwargs, message):
 @pytest.mark.parametrize("tied", [True, False])
 def test_save_and_load_round_trip(tiny_model, tmp_path, tied):
     model = tiny_model(tie_embeddings=tied, block_size=8)
-    model.save_pretrained(tmp_path, dtype=torch.float32)
-    loaded = Transformer.from_pretrained(tmp_path)
+    checkpoint.save_pretrained(model, tmp_path, torch.float32)
+    loaded = checkpoint.from_pretrained(tmp_path)
     assert loaded.config == model.config
     assert (loaded.lm_head.weight is loaded.embed.weight) == tied
     assert not loaded.training
@@ -399,7 +400,7 @@ def test_load_sharded_checkpoint_and_hf_rope_parameters(tiny_model, tmp_path):
     """Real checkpoints come in shards with an index; transformers 5.x writes rope_theta inside
     rope_parameters (DESIGN 6). A tied checkpoint may also store lm_head: it is ignored."""
     model = tiny_model(rope_theta=1e4)
-    model.save_pretrained(tmp_path, dtype=torch.float32)
+    checkpoint.save_pretrained(model, tmp_path, torch.float32)
     state = load_file(tmp_path / "model.safetensors")
     (tmp_path / "model.safetensors").unlink()
     names = sorted(state)
@@ -416,7 +417,7 @@ def test_load_sharded_checkpoint_and_hf_rope_parameters(tiny_model, tmp_path):
     config["rope_parameters"] = {"rope_theta": config.pop("rope_theta"), "rope_type": "default"}
     (tmp_path / "config.json").write_text(json.dumps(config))
 
-    loaded = Transformer.from_pretrained(tmp_path)
+    loaded = checkpoint.from_pretrained(tmp_path)
     assert loaded.config.rope_theta == 1e4
     idx = torch.tensor([tokens(9, seed=22)])
     with torch.no_grad():
@@ -424,7 +425,7 @@ def test_load_sharded_checkpoint_and_hf_rope_parameters(tiny_model, tmp_path):
 
 
 def edit_checkpoint(model, path, edit):
-    model.save_pretrained(path, dtype=torch.float32)
+    checkpoint.save_pretrained(model, path, torch.float32)
     state = load_file(path / "model.safetensors")
     edit(state)
     save_file(state, path / "model.safetensors")
@@ -433,7 +434,7 @@ def edit_checkpoint(model, path, edit):
 def test_missing_weight_raises_naming_it(tiny_model, tmp_path):
     edit_checkpoint(tiny_model(), tmp_path, lambda s: s.pop("model.layers.1.mlp.up_proj.weight"))
     with pytest.raises(ValueError, match=r"layers\.1\.mlp\.up"):
-        Transformer.from_pretrained(tmp_path)
+        checkpoint.from_pretrained(tmp_path)
 
 
 def test_unknown_weight_raises_naming_it(tiny_model, tmp_path):
@@ -441,7 +442,7 @@ def test_unknown_weight_raises_naming_it(tiny_model, tmp_path):
         state["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
     edit_checkpoint(tiny_model(), tmp_path, add)
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.rotary_emb\.inv_freq"):
-        Transformer.from_pretrained(tmp_path)
+        checkpoint.from_pretrained(tmp_path)
 
 
 def test_weight_of_an_extra_layer_raises_naming_it(tiny_model, tmp_path):
@@ -449,7 +450,7 @@ def test_weight_of_an_extra_layer_raises_naming_it(tiny_model, tmp_path):
         state["model.layers.2.mlp.up_proj.weight"] = state["model.layers.1.mlp.up_proj.weight"].clone()
     edit_checkpoint(tiny_model(n_layer=2), tmp_path, add)
     with pytest.raises(ValueError, match=r"layers\.2\.mlp\.up"):
-        Transformer.from_pretrained(tmp_path)
+        checkpoint.from_pretrained(tmp_path)
 
 
 def test_wrong_shape_raises_naming_the_weight(tiny_model, tmp_path):
@@ -457,40 +458,41 @@ def test_wrong_shape_raises_naming_the_weight(tiny_model, tmp_path):
         state["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(32, 64)
     edit_checkpoint(tiny_model(), tmp_path, reshape)
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.q_proj\.weight"):
-        Transformer.from_pretrained(tmp_path)
+        checkpoint.from_pretrained(tmp_path)
 
 
 def test_missing_directory_config_or_weights_raise_file_not_found(tiny_model, tmp_path):
     with pytest.raises(FileNotFoundError):
-        Transformer.from_pretrained(tmp_path / "does-not-exist")
-    tiny_model().save_pretrained(tmp_path / "no-config", dtype=torch.float32)
+        checkpoint.from_pretrained(tmp_path / "does-not-exist")
+    checkpoint.save_pretrained(tiny_model(), tmp_path / "no-config", torch.float32)
     (tmp_path / "no-config" / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="config.json"):
-        Transformer.from_pretrained(tmp_path / "no-config")
-    tiny_model().save_pretrained(tmp_path / "no-weights", dtype=torch.float32)
+        checkpoint.from_pretrained(tmp_path / "no-config")
+    checkpoint.save_pretrained(tiny_model(), tmp_path / "no-weights", torch.float32)
     (tmp_path / "no-weights" / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
-        Transformer.from_pretrained(tmp_path / "no-weights")
+        checkpoint.from_pretrained(tmp_path / "no-weights")
 
 
 def test_config_hf_round_trip():
     config = ModelConfig(vocab_size=101, n_layer=3, block_size=8, tie_embeddings=False)
-    assert ModelConfig.from_hf(config.to_hf()) == config
+    assert checkpoint.config_from_hf(checkpoint.config_to_hf(config)) == config
     with pytest.raises(ValueError, match="llama"):
-        ModelConfig.from_hf({**config.to_hf(), "model_type": "llama"})
+        checkpoint.config_from_hf({**checkpoint.config_to_hf(config), "model_type": "llama"})
 
 
 def test_config_json_defaults_only_what_hf_qwen3_does():
     """head_dim (hidden / heads) and tie_word_embeddings (false) may be left out; every other
     key that shapes the network is an error naming the key and the file, not a default."""
-    hf = ModelConfig(vocab_size=101, n_embd=64, n_head=4, head_dim=16, tie_embeddings=True).to_hf()
+    hf = checkpoint.config_to_hf(ModelConfig(vocab_size=101, n_embd=64, n_head=4, head_dim=16,
+                                             tie_embeddings=True))
     for key in ("head_dim", "tie_word_embeddings", "eos_token_id", "max_position_embeddings"):
         hf.pop(key)
-    config = ModelConfig.from_hf(hf)
+    config = checkpoint.config_from_hf(hf)
     assert (config.head_dim, config.tie_embeddings) == (16, False)
     for key in ("vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "hidden_size", "intermediate_size", "rms_norm_eps", "block_size", "rope_theta"):
         with pytest.raises(ValueError, match=f"^ckpt/config.json: {key} is missing"):
-            ModelConfig.from_hf({k: v for k, v in hf.items() if k != key}, source="ckpt/config.json")
+            checkpoint.config_from_hf({k: v for k, v in hf.items() if k != key}, source="ckpt/config.json")
     theta = {k: v for k, v in hf.items() if k != "rope_theta"}
-    assert ModelConfig.from_hf(dict(theta, rope_parameters={"rope_theta": 1e4})).rope_theta == 1e4
+    assert checkpoint.config_from_hf(dict(theta, rope_parameters={"rope_theta": 1e4})).rope_theta == 1e4

@@ -14,17 +14,20 @@ Run: python -m pytest tests/test_speculate.py -q
 import copy
 import math
 import random
+import types
 from collections import Counter
 
 import pytest
 import torch
 
 import mask
+import simsd_paper
 import speculate
 from decode import DecodeRule, Session, generate
 from model import PRESETS
+from simsd_paper import accept_temporal as accept, verify_temporal as verify
 from speculate import Draft, simsd_generate
-from speculate import accept_temporal as accept, verify_temporal as verify
+from verify import Guesses, verify_copies, walk
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 VOCAB = PRESETS["tiny"]["vocab_size"]
@@ -356,8 +359,8 @@ def run_recorded(monkeypatch, target, drafter, prompt, max_new, **kwargs):
         new, n = accept(logits, block, d, rule, generator)
         rounds[-1].update(accepted=n, drafted=len(d.pos))
         return new, n
-    monkeypatch.setattr(speculate, "verify_temporal", spy_verify)
-    monkeypatch.setattr(speculate, "accept_temporal", spy_accept)
+    monkeypatch.setattr(simsd_paper, "verify_temporal", spy_verify)   # where temporal_round looks
+    monkeypatch.setattr(simsd_paper, "accept_temporal", spy_accept)   # them up
     kwargs = dict(dict(verifier="temporal", acceptance="paper", draft_threshold=None,
                        draft_stop=None), **kwargs)
     out, stats = simsd_generate(target, drafter, prompt, max_new, **kwargs)
@@ -516,9 +519,9 @@ def test_gated_acceptance_takes_sure_drafts_then_the_targets_own_step():
                           torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)]),
                           torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)])])
     packed, counts = logits[copies == MASK_ID], (copies == MASK_ID).sum(-1).tolist()  # as verified
-    new, accepted, steps, why, _ = speculate.accept_gated(packed, copies, counts, d, 0, rule, gate=0.9)
+    new, accepted, steps, why, _ = simsd_paper.accept_gated(packed, copies, counts, d, 0, rule, gate=0.9)
     assert (accepted, steps, why) == (1, 2, "target unsure") and new.tolist() == [MASK_ID, MASK_ID, 6, 5]
-    new, accepted, steps, why, _ = speculate.accept_paper(packed, copies, counts, d, 0, rule)
+    new, accepted, steps, why, _ = simsd_paper.accept_paper(packed, copies, counts, d, 0, rule)
     assert (accepted, steps) == (2, 3) and new.tolist() == [7, MASK_ID, 6, 5]
 
 
@@ -548,18 +551,26 @@ def test_lossless_acceptance_counts_the_deepest_drafted_state_walked_to(rule_kw,
     second = torch.stack([row(7, 0.95), row(next_at_copy_2, 0.97), row(6, 0.95), row(4, 0.5)])
     logits = torch.stack([first, first, second, second])           # the target at copies 0..3
     packed, counts = logits[copies == MASK_ID], (copies == MASK_ID).sum(-1).tolist()
-    new, accepted, steps, why, _ = speculate.accept_lossless(packed, copies, counts, d, 0, rule)
+    g = d.guesses(torch.full((B,), MASK_ID), B)                    # the lossless round's guesses
+    assert torch.equal(g.copies, copies) and g.counts == counts and g.parent is None and g.data is d
+    w = walk(packed, g, 0, rule)                                   # the lossless acceptance: the walk
+    accepted, drafted = speculate.accepted(g, w)
+    assert drafted == 3 and w.crossed == []
+    steps, new = len(w.path), w.path[-1][1]                        # no block crossed: all in this one
+    assert new.tolist() == w.host
+    why = "every draft accepted" if accepted == drafted else "target chose otherwise"   # as simsd_generate
     assert (accepted, steps, why, new.tolist()) == expected
 
 
 class FixedLogits(torch.nn.Module):
     """A stand-in model for the decode loop: its distribution at block position i is table[i],
-    whatever the context. Enough of Transformer's interface for Session."""
+    whatever the context. Enough of Transformer's interface for Session and verify_copies."""
 
-    def __init__(self, table):
+    def __init__(self, table, mask_id):
         super().__init__()
         self.table = table.log()                       # (B, V)
         self.embed = torch.nn.Embedding(1, 1)          # Session reads the device off it
+        self.config = types.SimpleNamespace(mask_token_id=mask_id)   # verify_copies reads the mask id
 
     def setup_cache(self, max_len, batch=1):
         pass
@@ -578,16 +589,16 @@ def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
     p_draft = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.4, 0.35, 0.25, 0.0]])
     p_target = torch.tensor([[0.2, 0.3, 0.5, 0.0], [0.3, 0.3, 0.4, 0.0]])
     rule = DecodeRule(mask_id, B, temperature=1.0)
-    tsess = Session(FixedLogits(p_target), B, 0)
-    dsess = Session(FixedLogits(p_draft), B, 0)
+    tsess = Session(FixedLogits(p_target, mask_id), B, 0)
+    dsess = Session(FixedLogits(p_draft, mask_id), B, 0)
     block, pos, g = torch.full((B,), mask_id), torch.arange(B), torch.Generator().manual_seed(0)
     first, second, drafted = [], [], []
     for _ in range(6000):
         d = speculate.draft(dsess, block, pos, rule, 2, generator=g)
         copies = d.states(block)
         counts = (copies == mask_id).sum(-1).tolist()
-        logits = speculate.verify_copies(tsess, copies, pos, counts, mask_id)
-        new, accepted, _, _, _ = speculate.accept_paper(logits, copies, counts, d, 0, rule, g)
+        logits = verify_copies(tsess, Guesses(copies, counts), pos)
+        new, accepted, _, _, _ = simsd_paper.accept_paper(logits, copies, counts, d, 0, rule, g)
         first.append(int(new[0])), drafted.append(int(d.tokens[0]))
         if new[1] != mask_id:                          # position 1 was decided this round too
             second.append(int(new[1]))
@@ -613,8 +624,8 @@ def test_adaptive_drafting_drafts_several_a_forward_and_stops_when_unsure(tiny_m
 @pytest.mark.parametrize("kwargs, message", [
     (dict(verifier="mask"), "unknown verifier"),
     (dict(acceptance="strict"), "unknown acceptance rule"),
-    (dict(verifier="temporal", acceptance="lossless"), "needs --verify copies"),
-    (dict(verifier="temporal", acceptance="gated"), "needs --verify copies"),
+    (dict(verifier="temporal", acceptance="lossless"), r"--verify temporal needs --accept paper \(not lossless\)"),
+    (dict(verifier="temporal", acceptance="gated"), r"--verify temporal needs --accept paper \(not gated\)"),
     (dict(rope_copy=False), "temporal verifier only"),
     (dict(gate=0.0), "gate must be in"),
     (dict(gate=1.5), "gate must be in"),

@@ -316,10 +316,12 @@ def drafts_for(last, state, graph, budget, rule):
 
 
 def trajectory(model, rule, prompt):
-    """Plain decoding's states and logits for the first block (the `record` hook)."""
+    """Plain decoding's states and logits for the first block (spiffy.trajectories' `record`
+    hook, what calibration reads)."""
     seen = []
-    spiffy_generate(model, prompt, rule.block_size, rule, graph=None, eos_id=NO_EOS,
-                    record=lambda states, logits: seen.append((states, logits)))
+    with torch.no_grad():                 # (as spiffy.calibrate calls it)
+        spiffy.trajectories(model, prompt, rule.block_size, rule, lambda states, logits: seen.append((states, logits)))
+    assert seen and len(seen[0][0]) == len(seen[0][1]) + 1       # the block's states, one logits a step
     return seen[0]
 
 

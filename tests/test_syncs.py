@@ -14,7 +14,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import decode
+import simsd_paper
 import speculate
+import spiffy
 import verify
 from conftest import make_model
 from decode import DecodeRule, generate
@@ -25,6 +27,9 @@ aten = torch.ops.aten
 MASK_ID, B, NO_EOS = PRESETS["tiny"]["mask_token_id"], 8, -1
 SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.equal.default,
             aten.is_nonzero.default}
+# the decoding modules; those that call to_host import it by name, and each such name is patched
+DECODERS = [m for m in (decode, verify, speculate, simsd_paper, spiffy) if hasattr(m, "to_host")]
+assert {decode, verify, simsd_paper} <= set(DECODERS)
 RULES = {"static": dict(strategy="low_confidence_static"),
          "threshold": dict(strategy="low_confidence_dynamic", threshold=0.6)}
 
@@ -48,7 +53,7 @@ class SyncCounter(TorchDispatchMode):
             finally:
                 self.quiet = False
         monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
-        for module in (decode, verify, speculate):
+        for module in DECODERS:
             monkeypatch.setattr(module, "to_host", counted_to_host)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -107,10 +107,11 @@ def with_ranks(rule):
     return lambda lg, cp, st: ranks(lg, st, rule, 3, cp)     # Spiffy's extra
 
 
-def read(host):
-    """walk's host results as Spiffy reads them: the state, and with ranks, the positions by
-    rank and the token ranks of the masked ones only (a known position's are any row's)."""
-    state, *ranked = host
+def read(w):
+    """A Walk's host results as Spiffy reads them: the state, and with ranks (its hint), the
+    positions by rank and the token ranks of the masked ones only (a known position's are any
+    row's)."""
+    state, ranked = w.host, w.hint
     m = state.count(MASK_ID)
     return [state] + ([ranked[0]] + [r[:m] for r in ranked[1:]] if ranked else [])
 
@@ -123,8 +124,10 @@ def test_the_stepwise_walk_is_plain_decoding_through_the_verified_states(rule_kw
         logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
         ref_gen, gen = seeded(seed), seeded(seed)
         expected = reference_walk(logits, copies, counts, step, rule, ref_gen)
-        path, (state,), _ = verify.walk_stepwise(logits, copies, counts, step, rule, gen)
+        w = verify.walk_stepwise(logits, verify.Guesses(copies, counts), step, rule, gen)
+        path, state = w.path, w.host
         assert [new.tolist() for _, new in path] == expected and state == expected[-1], seed
+        assert w.hint == [] and w.crossed == [] and w.copies == copies.tolist(), seed
         assert torch.equal(gen.get_state(), ref_gen.get_state()), "not plain decoding's draws"
         lengths.append(len(path))
     assert max(lengths) >= 3 and min(lengths) <= 2, f"vacuous: walk lengths {lengths}"
@@ -137,21 +140,27 @@ def test_the_batched_walk_takes_the_stepwise_walks_path(rule_kw):
     for seed in SEEDS:
         logits, copies, counts, step = random_round(rule, seed)
         for extra in (verify.no_extra, with_ranks(rule)):
-            fast, fast_host, _ = verify.walk_batched(logits, copies, counts, step, rule, extra)
-            slow, slow_host, _ = verify.walk_stepwise(logits, copies, counts, step, rule, None, extra)
+            g = verify.Guesses(copies, counts)
+            fast_w = verify.walk_batched(logits, g, step, rule, extra)
+            slow_w = verify.walk_stepwise(logits, g, step, rule, None, extra)
+            fast, slow = fast_w.path, slow_w.path
             assert len(fast) == len(slow), seed
             for (lg_f, new_f), (lg_s, new_s) in zip(fast, slow):
                 assert torch.equal(lg_f, lg_s) and torch.equal(new_f, new_s), seed
-            assert read(fast_host) == read(slow_host), seed
-            assert walk_result(verify.walk(logits, copies, counts, step, rule, None, extra)) == \
-                walk_result((fast, fast_host, []))                   # walk takes the fast path
+            assert read(fast_w) == read(slow_w), seed
+            assert (fast_w.crossed, fast_w.copies, fast_w.visited) == \
+                (slow_w.crossed, slow_w.copies, slow_w.visited), seed
+            assert walk_result(verify.walk(logits, g, step, rule, None, extra)) == \
+                walk_result(fast_w)                                  # walk takes the fast path
         lengths.append(len(fast))
     assert max(lengths) >= 3 and min(lengths) <= 2, f"vacuous: walk lengths {lengths}"
 
 
-def walk_result(walked):
-    path, host, _ = walked
-    return [(lg.tolist(), new.tolist()) for lg, new in path], host
+def walk_result(w):
+    """A Walk as host values: the path (logits and new states), the final state and its hint,
+    the crossings, the copies and the copies visited."""
+    return ([(lg.tolist(), new.tolist()) for lg, new in w.path], [w.host, *w.hint], w.crossed, w.copies,
+            w.visited)
 
 
 @pytest.mark.parametrize("rule_kw", list(STATEFUL.values()), ids=list(STATEFUL))
@@ -160,8 +169,9 @@ def test_walk_steps_a_stateful_rule_one_step_at_a_time(rule_kw):
     assert not rule.stateless
     for seed in SEEDS[:4]:
         logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
-        got = verify.walk(logits, copies, counts, step, rule, seeded(seed), with_ranks(rule))
-        want = verify.walk_stepwise(logits, copies, counts, step, rule, seeded(seed), with_ranks(rule))
+        g = verify.Guesses(copies, counts)
+        got = verify.walk(logits, g, step, rule, seeded(seed), with_ranks(rule))
+        want = verify.walk_stepwise(logits, g, step, rule, seeded(seed), with_ranks(rule))
         assert walk_result(got) == walk_result(want)
 
 
@@ -171,19 +181,19 @@ def test_the_batched_walk_syncs_once_and_the_stepwise_walk_once_a_step(rule_kw, 
     rule, syncs, lengths = make_rule(rule_kw), SyncCounter(monkeypatch), []
     for seed in SEEDS:
         logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
-        extra = with_ranks(rule)
+        extra, g = with_ranks(rule), verify.Guesses(copies, counts)
         if rule.stateless:
             syncs.count = 0
             with syncs:
-                verify.walk_batched(logits, copies, counts, step, rule, extra)
+                verify.walk_batched(logits, g, step, rule, extra)
             assert syncs.count == 1, seed
         syncs.count = 0
         with syncs:
-            path, _, _ = verify.walk_stepwise(logits, copies, counts, step, rule, seeded(seed), extra)
+            path = verify.walk_stepwise(logits, g, step, rule, seeded(seed), extra).path
         assert syncs.count == len(path), seed
         syncs.count = 0
         with syncs:
-            verify.walk(logits, copies, counts, step, rule, seeded(seed), extra)
+            verify.walk(logits, g, step, rule, seeded(seed), extra)
         assert syncs.count == (1 if rule.stateless else len(path)), seed
         lengths.append(len(path))
     assert max(lengths) >= 3, f"vacuous: walk lengths {lengths}"
@@ -268,13 +278,16 @@ def test_the_walk_across_blocks_is_plain_decoding_through_the_verified_states(ru
         logits, copies, counts, parent, step = tree_round(rule, seed, draw_seed=1000 + seed)
         ref_gen, gen = seeded(seed), seeded(seed)
         expected, ref_crossed = reference_tree_walk(logits, copies, counts, parent, step, rule, ref_gen)
-        path, (state,), crossed = verify.walk_stepwise(logits, copies, counts, step, rule, gen, parent=parent)
+        g = verify.Guesses(copies, counts, parent)
+        w = verify.walk_stepwise(logits, g, step, rule, gen)
+        path, state, crossed = w.path, w.host, w.crossed
         assert [new.tolist() for _, new in path] == expected and state == expected[-1], seed
-        assert crossed == ref_crossed, seed
+        assert crossed == ref_crossed and w.hint == [], seed
         assert torch.equal(gen.get_state(), ref_gen.get_state()), "not plain decoding's draws"
         if rule.stateless:
-            fast, (fast_state,), fast_crossed = verify.walk_batched(logits, copies, counts, step, rule,
-                                                                    parent=parent)
+            fast_w = verify.walk_batched(logits, g, step, rule)
+            fast, fast_state, fast_crossed = fast_w.path, fast_w.host, fast_w.crossed
             assert [new.tolist() for _, new in fast] == expected and fast_crossed == crossed, seed
+            assert fast_state == state and fast_w.visited == w.visited, seed
         crossings += len(crossed)
     assert crossings >= 5, f"vacuous: {crossings} crossings"

@@ -1,0 +1,104 @@
+"""Calibrate Spiffy's draft graphs (spiffy.calibrate) and save them next to the target's weights,
+one per block size and decoding rule (or, for bench.py, calibrate a missing one in memory:
+graphs_for) (docs/design.md, section 4): plain decoding on a few
+prompts, the reveal sets that followed each state counted, the connected subgraph of the D most
+frequent kept, as a small JSON file that spiffy.load_graph reads.
+
+    python calibrate.py                     # models/target/spiffy_graph_b{4,8,32}_{static,t0.9}.json
+    python calibrate.py --strategy sequential --block-size 8   # another SDAR strategy
+    python calibrate.py --target ~/SDAR-8B-Chat --block-size 4 --threshold 0.9 \\
+        --data gsm8k_calib.jsonl --chat --prompts 25   # a chat model, on prompts like its task
+"""
+import argparse
+import json
+import time
+
+from tqdm import tqdm
+
+import util
+from cli import check_block_size, load, make_rule
+from decode import EB_THRESHOLD, STRATEGIES
+from prepare import problems
+from spiffy import calibrate, graph_path, load_graph
+
+
+def graphs_for(target_dir, target, calib_prompts, note):
+    """A graph per rule: the one shipped next to the target, else calibrated here on
+    calib_prompts() (called once, when the first graph is missing)."""
+    cache, prompts = {}, []
+
+    def get(rule):
+        key = (rule.block_size, rule.strategy)
+        if key not in cache:
+            path = graph_path(target_dir, rule)
+            if path.is_file():
+                cache[key] = load_graph(path, rule)
+            else:
+                t0 = time.perf_counter()
+                prompts[:] = prompts or calib_prompts()
+                cache[key] = calibrate(target, prompts, rule)
+                note.append(f"calibrated a graph for {key} in {time.perf_counter() - t0:.1f} s "
+                            f"({path.name} not found)")
+        return cache[key]
+    return get
+
+
+def main(target="models/target", block_sizes=(4, 8, 32), threshold=None, prompts=50, budget=16,
+         max_new_tokens=64, strategy=None, eb_threshold=EB_THRESHOLD, data=None, chat=False):
+    """Calibrate and save a graph per (block size, rule) next to the target's weights: the
+    static and threshold (0.9) rules, or the threshold rule at `threshold`, or one other of
+    SDAR's strategies. Prompts: the first `prompts` training-split problems, or the first
+    `prompts` of `data` (JSONL with "question"; in the checkpoint's chat template with
+    `chat`), which should look like what the graph will decode. Every flag, the target,
+    each block size and the data are checked before the first graph is written; each graph
+    file is replaced whole."""
+    util.check_positive(prompts=prompts, budget=budget, max_new_tokens=max_new_tokens)
+    for B in block_sizes:
+        util.check_positive(block_size=B)
+    if threshold is not None and strategy not in (None, "low_confidence_dynamic"):
+        raise ValueError(f"--threshold applies to the threshold rule, not --strategy {strategy}")
+    if chat and data is None:
+        raise ValueError("--chat needs --data: the project's own problems are not chat prompts")
+    texts = ([r["question"] for _, r in util.read_prompts(data, "--data", stop=prompts)] if data else
+             [f"Question: {p['question']}\nAnswer:" for p in problems(prompts, "train")])
+    if not texts:
+        raise ValueError(f"--data file {data} holds no prompts")
+    model, tok = load(target)
+    for B in block_sizes:
+        check_block_size(model, B, "target")
+    util.check_writable(target, "--target", folder=True)
+    ids = [tok.encode(tok.apply_chat_template(t) if chat else t) for t in texts]
+    rules = [(threshold, strategy)] if threshold or strategy else [(None, None), (0.9, None)]
+    for B in block_sizes:
+        for th, strat in rules:
+            rule = make_rule(model, B, th, strategy=strat, eb_threshold=eb_threshold)
+            t0 = time.perf_counter()
+            g = calibrate(model, tqdm(ids, desc=f"calibrate B={B} {rule.strategy}", leave=False), rule,
+                          max_new_tokens, budget)
+            path = graph_path(target, rule)
+            with util.atomic_write(path) as tmp:
+                tmp.write_text(json.dumps(g) + "\n")
+            print(f"{path}: {len(g['nodes'])} nodes from {len(ids)} prompts in "
+                  f"{time.perf_counter() - t0:.1f} s, most frequent {g['nodes'][:3]} x {g['counts'][:3]}")
+
+
+if __name__ == "__main__":
+    ap = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="models/target", help="checkpoint directory; the graphs "
+                    "are written next to its weights")
+    ap.add_argument("--block-size", default="4,8,32", help="comma-separated")
+    ap.add_argument("--data", default=None, help="JSONL with a \"question\" per line: calibrate on "
+                    "these prompts (default: the project's training-split problems)")
+    ap.add_argument("--chat", action="store_true", help="--data's prompts in the checkpoint's chat template")
+    ap.add_argument("--prompts", type=int, default=50, help="prompts to run (the first N)")
+    ap.add_argument("--budget", type=int, default=16, help="D: nodes kept in the graph")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="calibrate the threshold rule at this confidence only (default: the "
+                         "static rule and the threshold rule at 0.9)")
+    ap.add_argument("--strategy", default=None, choices=STRATEGIES,
+                    help="calibrate for this SDAR strategy only")
+    ap.add_argument("--eb-threshold", type=float, default=EB_THRESHOLD, help="entropy_bounded's bound")
+    a = ap.parse_args()
+    util.run(lambda: main(a.target, util.int_list(a.block_size, "--block-size"), a.threshold,
+                          a.prompts, a.budget, strategy=a.strategy, eb_threshold=a.eb_threshold,
+                          data=a.data, chat=a.chat))

@@ -284,7 +284,7 @@ def parse_args(argv=None):
                            "low_confidence_static, one token a step)")
     simsd = cli.simsd_flags(ap, variants=False)
     simsd.add_argument("--sweep", choices=["gamma", "lookahead", *PAIRS], help="rows for gamma = 1, 2, B/2, B, K = 0..3, "
-                       "every copy verified (not cost-sized), or blocks finished ahead fused (not kept from their copies)")
+                       "every copy verified (no cost table), or blocks finished ahead fused (not kept from their copies)")
     simsd.add_argument("--ablate", default="", help="simsd-paper without: rope-copy, order (comma-separated)")
     cli.spiffy_flags(ap, graph=False)
     ap.add_argument_group("output").add_argument("--out", default=None, help="also save the JSON here")

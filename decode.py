@@ -3,7 +3,7 @@
 - `DecodeRule`: one denoising step, from a block's logits to its next state.
 - `Session`: a model's cursor over its static KV cache, with the commit forward optionally
   fused into the next block's first forward (one forward a block less than SDAR's loop).
-- `decode`: the round loop every decoder shares (plain, SimSD, Spiffy) over a `Frontier` (the
+- `round_loop`: the round loop every decoder shares (plain, SimSD, Spiffy) over a `Frontier` (the
   open block; the committed cache lives in the sessions): a round takes the frontier to the
   next one and says which blocks it completed; the loop commits them and decides the stop.
 - `generate`: plain decoding, the reference the speculative decoders are tested against: a
@@ -226,6 +226,8 @@ class Session:
             pos = torch.cat([torch.arange(self.committed, self.committed + n_commit,
                                           device=self.device), pos])
         T, B = len(tokens), self.block_size
+        if self.committed + T > self.model.layers[0].attn.cache.k.shape[2]:
+            raise RuntimeError(f"{T} query rows after {self.committed} overflow the KV cache")
         if self.static and T <= MAX_BUCKET * B:
             pad = (B << (-(-T // B) - 1).bit_length()) - T
             start, n_commit_t, n_real = to_device([self.committed, n_commit, T], self.device)
@@ -259,6 +261,8 @@ class Session:
         forward (fused commit) or is written by a forward of its own (SDAR's). Blocks are
         committed in order, so a kept row moves down before it is overwritten."""
         if copy is not None and self.copy_commit:
+            if self.pending is not None:     # (it would land above the block before it)
+                raise RuntimeError("a block kept from its copy after a pending one")
             B, src = self.block_size, self.queries_at + copy * self.block_size
             for layer in self.model.layers:
                 for t in (layer.attn.cache.k, layer.attn.cache.v):
@@ -342,7 +346,7 @@ class Advance:
     front: Frontier
 
 
-def decode(round_, sessions, ids, rule, max_new_tokens, stops, on_block=None):
+def round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block=None):
     """The round loop every decoder shares (plain, SimSD, Spiffy). Prefill the prompt's whole
     blocks into each session; its tail stays in the first block as known tokens, so blocks
     stay on the grid the model was trained on. Then round after round: round_(front, room) ->
@@ -411,6 +415,6 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
         return Advance([], Frontier(block, front.pos, n_masked, host, front.step + 1))
 
     stops = stop_ids(c, eos_id)
-    out, stop = decode(plain_round, [sess], ids, rule, max_new_tokens, stops, on_block)
+    out, stop = round_loop(plain_round, [sess], ids, rule, max_new_tokens, stops, on_block)
     return out, dict(nfe=sess.nfe, tokens=len(out), seconds=time.perf_counter() - t0, stop=stop,
                      rows=dict(sess.rows))

@@ -183,7 +183,7 @@ def accept_gated(logits, copies, counts, d, step, rule, generator=None, gate=GAT
 
 
 def temporal_round(tsess, drafts, rule, order="tau", rope_copy=True, generator=None):
-    """A round of the paper's own path (decode.decode's round_): drafts(front, room) -> a Draft
+    """A round of the paper's own path (decode.round_loop's round_): drafts(front, room) -> a Draft
     of the open block; ONE target forward over [data section | mask section]
     (verify_temporal); the paper's rule along the step map (accept_temporal).
     order="position", rope_copy=False: the paper's ablations.

@@ -1,7 +1,7 @@
 """SimSD: speculative decoding of a block-diffusion LM with a small drafter dLLM.
 
 docs/design.md, section 3 (after the SimSD paper). The drafter is a proposer for the round loop
-(decode.decode): each round, on the frontier,
+(decode.round_loop): each round, on the frontier,
   draft   the drafter runs its own decoding on the open block's masked positions: each forward
           reveals its most confident position (and, with `draft_threshold`, every other one
           above it) until `gamma` tokens are drafted or its confidence falls below
@@ -17,7 +17,8 @@ docs/design.md, section 3 (after the SimSD paper). The drafter is a proposer for
           when the walk passed through a state holding it.
 The paper's own verifier (the temporal mask) and acceptance rules (paper, gated), which are not
 lossless, are simsd_paper.py; simsd_generate runs either. Host syncs: the drafter reads its
-confidences back each forward (how many to draft, when to stop), the walk once a round.
+confidences back each forward (how many to draft, when to stop); the walk once a round with a
+stateless rule, once a step with a sampled one (verify.walk).
 
     python sample.py --spec simsd                  # on the embedded models
 """
@@ -29,7 +30,7 @@ from functools import partial
 import torch
 
 import mask as masks
-from decode import DecodeRule, Session, check_prompt, decode, stop_ids
+from decode import DecodeRule, Session, check_prompt, round_loop, stop_ids
 from simsd_paper import GATE, accept_gated, accept_paper, copies_round, temporal_round
 from verify import Guesses, lossless_round
 
@@ -280,7 +281,7 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
         hist[n], ends[why] = hist[n] + 1, ends[why] + (why is not None)
         return adv
 
-    out, stop = decode(tally, [tsess, dsess], ids, rule, max_new_tokens, stops, on_block)
+    out, stop = round_loop(tally, [tsess, dsess], ids, rule, max_new_tokens, stops, on_block)
     seconds, rounds = time.perf_counter() - t0, sum(hist.values())
     return out, dict(stop=stop, nfe=tsess.nfe, nfe_draft=dsess.nfe, rows=dict(tsess.rows),
                      rows_draft=dict(dsess.rows), tokens=len(out), seconds=seconds, rounds=rounds,

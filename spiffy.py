@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from decode import DecodeRule, Session, check_prompt, decode, packed_index, stop_ids, to_device
+from decode import DecodeRule, Session, check_prompt, packed_index, round_loop, stop_ids, to_device
 from verify import Guesses, lossless_round, no_extra, propose_nothing
 
 DRAFT_BUDGET = 8   # D*: the most draft-graph nodes verified a forward
@@ -98,7 +98,7 @@ def build_drafts(ranked, state, graph, budget, rule):
     brought them back with its one host sync); keep the `budget` best by the geometric mean
     of their token probabilities and their children's scores (bottom-up).
     -> (block states (lists), one per kept node, best first; each one's chance: the product
-    of its reveals' probabilities, what cost-sized copies weigh a copy by)."""
+    of its reveals' probabilities, what sized by a cost table copies weigh a copy by)."""
     order, tok_order, p = ranked
     m = state.count(rule.mask_id)                              # masked positions rank first
     # a token of probability 0 (cut by top-k / top-p) is never drawn: no copy for it
@@ -234,7 +234,7 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
         crossings["blocks"] += len(w.crossed)
         return adv
 
-    out, stop = decode(tally, [sess], ids, rule, max_new_tokens, stops, on_block)
+    out, stop = round_loop(tally, [sess], ids, rule, max_new_tokens, stops, on_block)
     seconds = time.perf_counter() - t0
     return out, dict(stop=stop, nfe=sess.nfe, rows=dict(sess.rows), tokens=len(out),
                      seconds=seconds, tokens_per_s=len(out) / seconds,
@@ -261,7 +261,7 @@ def trajectories(model, prompt, max_new_tokens, rule, record):
             record(list(states), list(logits))
             states.clear(), logits.clear()
         return adv
-    decode(round_, [sess], ids, rule, max_new_tokens, stop_ids(model.config))
+    round_loop(round_, [sess], ids, rule, max_new_tokens, stop_ids(model.config))
 
 
 def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):

@@ -165,7 +165,7 @@ def walk_batched(logits, g, step, rule, extra=no_extra):
 
 
 def lossless_round(sess, rule, propose, generator=None, extra=no_extra):
-    """A round of the lossless decoders (decode.decode's round_): propose(front, room) ->
+    """A round of the lossless decoders (decode.round_loop's round_): propose(front, room) ->
     Guesses; ONE forward of sess verifies them; the target's own rule walks through them.
     -> (decode.Advance, the guesses, the walk)."""
     def round_(front, room):

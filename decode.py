@@ -207,7 +207,8 @@ class Session:
         self.model, self.block_size, self.fuse_commit = model, block_size, fuse_commit
         self.copy_commit, self.queries_at = copy_commit, 0
         self.static = getattr(model, "static_trunk", None) is not None   # compile_decoding
-        model.setup_cache(max_len + self.static * (MAX_BUCKET // 2) * block_size)  # + padding
+        self.max_len = max_len + self.static * (MAX_BUCKET // 2) * block_size     # + padding
+        model.setup_cache(self.max_len)
         self.device = model.embed.weight.device
         self.committed, self.pending, self.nfe = 0, None, 0
         self.rows = Counter()   # query rows a forward -> forwards (bench.py's modelled GPU cost)
@@ -226,7 +227,7 @@ class Session:
             pos = torch.cat([torch.arange(self.committed, self.committed + n_commit,
                                           device=self.device), pos])
         T, B = len(tokens), self.block_size
-        if self.committed + T > self.model.layers[0].attn.cache.k.shape[2]:
+        if self.committed + T > self.max_len:
             raise RuntimeError(f"{T} query rows after {self.committed} overflow the KV cache")
         if self.static and T <= MAX_BUCKET * B:
             pad = (B << (-(-T // B) - 1).bit_length()) - T

@@ -589,8 +589,8 @@ def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
     p_draft = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.4, 0.35, 0.25, 0.0]])
     p_target = torch.tensor([[0.2, 0.3, 0.5, 0.0], [0.3, 0.3, 0.4, 0.0]])
     rule = DecodeRule(mask_id, B, temperature=1.0)
-    tsess = Session(FixedLogits(p_target, mask_id), B, 0)
-    dsess = Session(FixedLogits(p_draft, mask_id), B, 0)
+    tsess = Session(FixedLogits(p_target, mask_id), B, 8 * B)
+    dsess = Session(FixedLogits(p_draft, mask_id), B, 8 * B)
     block, pos, g = torch.full((B,), mask_id), torch.arange(B), torch.Generator().manual_seed(0)
     first, second, drafted = [], [], []
     for _ in range(6000):

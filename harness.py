@@ -173,8 +173,11 @@ class SDARSpec(LM):
     @classmethod
     def create_from_arg_obj(cls, arg_dict, additional_config=None):
         """model_args win over lm-eval's own --device and --batch_size, which its command line
-        always passes (device cuda:0 unless told otherwise)."""
+        always passes (device cuda:0 unless told otherwise; without a GPU that default is dropped)."""
         given = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        if str(given.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+            given.pop("device")   # lm-eval's default cuda:0 on a machine without a GPU: the CPU,
+            # as lm-eval's own models fall back (model_args device=cuda still fails)
         return cls(**{**given, **arg_dict})
 
     @classmethod

@@ -11,6 +11,7 @@ import runpy
 import sys
 
 import pytest
+import torch
 
 import cli
 import sample
@@ -145,9 +146,12 @@ def test_the_command_line(harness, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("lm_eval.tasks.TaskManager", functools.partial(TaskManager, include_defaults=False))
     command = ["harness.py", "--model", "sdar-spec", "--tasks", "arith", "--include_path", str(tmp_path),
                "--limit", "2", "--model_args"]
-    monkeypatch.setattr(sys, "argv", command + ["spec=none,device=cpu"])
-    util.run(harness.main)
-    assert re.search(r"\|arith\s*\|.*\|strict\s*\|.*\|exact_match\|", capsys.readouterr().out)
+    for args in ("spec=none,device=cpu", "spec=none"):     # no device given: the CPU without a GPU
+        if args == "spec=none" and torch.cuda.is_available():
+            continue
+        monkeypatch.setattr(sys, "argv", command + [args])
+        util.run(harness.main)
+        assert re.search(r"\|arith\s*\|.*\|strict\s*\|.*\|exact_match\|", capsys.readouterr().out)
     monkeypatch.setattr(sys, "argv", command + ["block_size=four"])
     with pytest.raises(SystemExit) as e:
         util.run(harness.main)

@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
+import costs  # noqa: E402
 import speculate  # noqa: E402
 from prepare import problems  # noqa: E402
 
@@ -63,7 +64,8 @@ def verified(d, cost):
 
 
 speculate.draft, speculate.accepted, speculate.Draft.sized = drafted, accepted, verified
-cost = {B: cli.cost_model(cli.DEFAULT_TARGET, target, B)[0] for B in (4, 8, 32)}   # the shipped tables
+cost = {B: costs.cost_of(costs.read_table(costs.table_path(cli.DEFAULT_TARGET, target, B)))
+        for B in (4, 8, 32)}          # the shipped tables (made with 2 threads; this script runs 1)
 prompts = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(int(sys.argv[1]), "test")]
 print("B  K  rounds  tokens/fwd   draft reached 1 / 2 / 3 / 4 blocks   stopped by confidence / stop id / "
       "blocks allowed (of them, fewer for room)   walk finished 0 / 1 / 2 / 3 blocks")

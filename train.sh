@@ -2,7 +2,7 @@
 # The embedded pair from nothing, every step of it (docs/results.md, "The embedded models"):
 # the data, the two training stages, the Spiffy graphs, the cost tables, the report.
 #
-#   bash train.sh            # about 4 hours on 2 CPU cores; run it again to go on after a stop
+#   bash train.sh            # about 4 h 45 min on 2 CPU cores; run it again to go on after a stop
 #
 # Each step is train.py (or spiffy.py) with the flags below. A finished step leaves
 # out/<step>.done and is skipped the next time; an interrupted one goes on from its last

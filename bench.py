@@ -36,7 +36,7 @@ import torch
 from torch._dynamo.utils import counters
 from tqdm import tqdm
 
-import cli
+import cli, costs
 import util
 from calibrate import graphs_for
 from decode import STRATEGIES, generate
@@ -240,7 +240,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     tasks = load_tasks(data, prompts, tok, chat)
     notes = [f"{target} has no chat_template: the prompts are in ChatML"] * (chat and tok.chat_template is None)
     graphs = graphs_for(target, tgt, lambda: calibration_prompts(data, len(tasks), tok, chat, notes), notes)
-    cost = {B: cli.cost_model(target, tgt, B, cost_table) for B in block_sizes}
+    cost = {B: costs.cost_model(target, tgt, B, cost_table) for B in block_sizes}
     notes += [f"B={B}: copies sized by {how}" for B, (_, how) in cost.items()]
     # every method is compared with its plain counterpart (plain or threshold): run it too
     methods = list(methods) + [p for p in ("plain", "threshold") if p not in methods and any(

@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 
 import checkpoint
-import costs
 import util
 from decode import EB_THRESHOLD, STRATEGIES, DecodeRule
 from speculate import ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, GATE, LOOKAHEAD, VERIFIERS, check_settings
@@ -71,16 +70,6 @@ def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=
         if m is not None:
             compile_model(m, compile)
     return tgt, tok, drf
-
-
-def cost_model(target_dir, model, B, table=None):
-    """The cost model copies are sized by at block size B: the cost table `table` (refused if it
-    is for another device, dtype, model or B), else the one next to the target's weights for
-    this device, if any (costs.py). -> (cost or None: every copy verified, in words: which)."""
-    if table is None:
-        return costs.find(target_dir, model, B)
-    cost = costs.load(table, model, B)
-    return cost, f"cost table {table} ({cost.table['date']})"
 
 
 def compile_model(model, how="auto"):

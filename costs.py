@@ -21,6 +21,7 @@ import torch
 
 import util
 from checkpoint import from_pretrained
+from cli import check_block_size, check_device
 from decode import Session
 from verify import Guesses, verify_copies
 
@@ -129,12 +130,22 @@ def find(target_dir, model, B):
     return cost_of(t), f"cost table {path.name} ({t['date']})"
 
 
+def cost_model(target_dir, model, B, table=None):
+    """The cost model copies are sized by at block size B: the cost table `table` (refused if it
+    is for another device, dtype, model or B), else the one next to the target's weights for
+    this device, if any (costs.py). -> (cost or None: every copy verified, in words: which)."""
+    if table is None:
+        return find(target_dir, model, B)
+    cost = load(table, model, B)
+    return cost, f"cost table {table} ({cost.table['date']})"
+
+
 def main(target="models/target", block_sizes=(4, 8, 32), device="cpu", dtype="float32", repeats=5):
     util.check_positive(repeats=repeats)
+    check_device(device)
     model = from_pretrained(target, device=device, dtype=getattr(torch, dtype)).eval()
     for B in block_sizes:
-        if B not in (model.config.block_sizes or (model.config.block_size,)):
-            raise ValueError(f"{target} was trained for block size(s) {list(model.config.block_sizes)}, not {B}")
+        check_block_size(model, B, "target")
     util.check_writable(target, "--target", folder=True)
     for B in block_sizes:
         t = measure(model, B, repeats)

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-import cli
+import cli, costs
 import util
 from decode import check_prompt, generate
 from speculate import simsd_generate
@@ -53,7 +53,7 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     rule = cli.make_rule(model, block_size, cli.default_threshold(threshold, strategy),
                          strategy=strategy, **rule_kw)
     cli.check_block_size(model, rule.block_size, "target")
-    models, (cost, cost_note) = [model], cli.cost_model(target, model, rule.block_size, cost_table)
+    models, (cost, cost_note) = [model], costs.cost_model(target, model, rule.block_size, cost_table)
     if spec == "none":
         run = lambda ids, n, rule=rule, **kw: generate(model, ids, n, rule, **kw)
     elif spec == "simsd":

@@ -22,6 +22,7 @@ stateless rule, once a step with a sampled one (verify.walk).
 
     python sample.py --spec simsd                  # on the embedded models
 """
+import bisect
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -184,7 +185,7 @@ def accepted(g, w):
     (a threshold step may reveal several drafts at once). Host values only."""
     d, n = g.data, len(w.copies)
     _, parent, src = d.layout(g.counts[0], len(w.host))
-    held = [sum(s < c for s in src) for c in range(n)]             # drafts revealed in copy c
+    held = [bisect.bisect_left(src, c) for c in range(n)]   # drafts revealed in copy c (src rises)
     last_block = w.crossed[-1][1] if w.crossed else -1
     parent = parent or [-1] * n
     ended_on = [c for c in range(n) if w.copies[c] == w.host and parent[c] == last_block]

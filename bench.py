@@ -9,6 +9,8 @@ compares it with `threshold`, the others with `plain`, one token a step):
   simsd-exact     the same drafts verified exactly (block copies), the paper's acceptance
   simsd-gated     exact states, accepted only where the target is sure (keeps its answers)
   simsd-lossless  exact states, plain decoding's rule walked through them (must equal plain)
+  simsd-trajectory, simsd-lookup   the same without a drafter (drafts.py), and -paper: their
+                  tokens on the temporal mask, accepted on agreement
   spiffy+static   draft graphs from the target itself instead of a drafter (must equal plain)
   none, simsd, spiffy   sample.py's --spec names: what that spec runs (SPECS)
 
@@ -25,22 +27,17 @@ object. Exit status 1 if a lossless method differs from its counterpart in fp32 
     python bench.py --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --data gsm8k.jsonl \\
         --device cuda --dtype bfloat16 --compile --chat
 """
-import argparse
-import json
-import statistics
-import sys
-import time
+import argparse, json, statistics, sys, time
 from collections import Counter
 
 import torch
 from torch._dynamo.utils import counters
 from tqdm import tqdm
 
-import cli, costs
-import util
+import cli, costs, util
 from calibrate import graphs_for
 from decode import STRATEGIES, generate
-from prepare import calibration_prompts, extract_answer, load_tasks
+from prepare import TASKS, calibration_prompts, extract_answer, load_tasks
 from sol import GPU_MODEL, modelled_gpu_cost, speed_of_light as sol
 from speculate import check_settings, simsd_generate
 from spiffy import DRAFT_BUDGET, spiffy_generate
@@ -49,13 +46,16 @@ SIMSD = {  # name -> simsd_generate settings (the paper's: gamma = B drafts, one
     "simsd-paper": dict(verifier="temporal", acceptance="paper", draft_threshold=None, draft_stop=None),
     "simsd-exact": dict(verifier="copies", acceptance="paper", draft_threshold=None, draft_stop=None),
     "simsd-gated": dict(verifier="copies", acceptance="gated"),
-    "simsd-lossless": dict(verifier="copies", acceptance="lossless")}
+    "simsd-lossless": dict(verifier="copies", acceptance="lossless"),
+    **{f"simsd-{r}{paper}": dict(verifier=v, acceptance=a, reference=r) for r in ("trajectory", "lookup")
+       for paper, v, a in (("", "copies", "lossless"), ("-paper", "temporal", "paper"))}}   # no drafter
+DRAFTED, TEMPORAL = [m for m in SIMSD if "reference" not in SIMSD[m]], [m for m in SIMSD if "temporal" in SIMSD[m].values()]
 BASES = ("sdar", "plain", *SIMSD, "spiffy")
 NAMES = ("sdar", "plain", "threshold", *SIMSD, *(f"{m}+threshold" for m in SIMSD), "spiffy+static",
          "spiffy+threshold")   # every method, by the name its row gets
 METHODS = ("sdar", "plain", "threshold", "simsd-gated", "simsd-lossless+threshold", "spiffy+static",
            "spiffy+threshold")
-LOSSLESS = ("sdar", "simsd-lossless", "spiffy")   # exact in exact arithmetic: must equal plain
+LOSSLESS = ("sdar", *(m for m in SIMSD if "lossless" in SIMSD[m].values()), "spiffy")   # exact: must equal plain
 SPECS = {"none": "threshold", "simsd": "simsd-lossless+threshold", "spiffy": "spiffy+threshold"}  # sample.py's
 ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "position order", dict(order="position")))
 PAIRS = {"copies": ("all copies", dict(cost=None)), "commit": ("fused commit", dict(copy_commit=False))}  # --sweep
@@ -85,6 +85,7 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     if base in ("sdar", "plain"):
         return lambda ids, n: generate(target, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
     if base in SIMSD:
+        drafter = drafter if base in DRAFTED else None
         return lambda ids, n: simsd_generate(target, drafter, ids, n, rule, generator=seeded(), **simsd, **SIMSD[base])
     graph = graphs(rule)
     return lambda ids, n: spiffy_generate(target, ids, n, rule, graph, draft_budget, generator=seeded(), **simsd)
@@ -123,7 +124,7 @@ def summarize(stats, outs, tasks, tok, wall):
     tokens, nfe = sum(s["tokens"] for s in stats), sum(s["nfe"] for s in stats)
     hist = total("accept_hist") + total("steps_per_forward")     # SimSD's or Spiffy's
     rows, rows_draft = total("rows"), total("rows_draft")        # query rows a forward -> forwards
-    correct = sum(extract_answer(tok.decode(o)) == a for o, (_, a) in zip(outs, tasks))
+    correct = sum(extract_answer(tok.decode(o)) == a for o, (_, a) in zip(outs, tasks) if a is not None)
     return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, nfe=nfe, hist=dict(hist),
                 round_ends=dict(total("round_ends")), stops=dict(Counter(s["stop"] for s in stats)),
                 target_fwd_per_token=nfe / tokens, tokens_per_target_fwd=tokens / nfe,
@@ -131,7 +132,7 @@ def summarize(stats, outs, tasks, tok, wall):
                 target_rows_per_token=sum(T * n for T, n in rows.items()) / tokens,
                 gpu_fwd_equiv_per_token=modelled_gpu_cost(rows, rows_draft, tokens),
                 mean_per_round=sum(k * v for k, v in hist.items()) / max(sum(hist.values()), 1),
-                accuracy=correct / len(tasks), lookahead=max(s.get("lookahead", 0) for s in stats))
+                accuracy=correct / len(tasks) if tasks[0][1] is not None else float("nan"), lookahead=max(s.get("lookahead", 0) for s in stats))
 
 
 COLUMNS = [("method", "method", "{}"), ("B", "block_size", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"),
@@ -163,11 +164,11 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
     if set(flags["ablate"] or ()) - {a for a, _, _ in ABLATIONS}:
         raise ValueError(f"unknown --ablate {','.join(flags['ablate'])}; choose from rope-copy, order")
     cli.check_device(device)
-    own_drafts = [m for m in SIMSD if "draft_threshold" not in SIMSD[m]]   # not the paper's gamma = B
+    own_drafts = [m for m in DRAFTED if "draft_threshold" not in SIMSD[m]]   # not the paper's gamma = B
     cli.check_used(bases, f"--methods {','.join(methods)}",
-                   dict(drafter=list(SIMSD), sweep=[*SIMSD, "spiffy"] if flags["sweep"] in PAIRS else list(SIMSD),
+                   dict(drafter=DRAFTED, lookup_n=[m for m in SIMSD if "lookup" in m], sweep=[*SIMSD, "spiffy"] if flags["sweep"] in PAIRS else list(SIMSD),
                         ablate=["simsd-paper"], draft_budget=["spiffy"], gate=["simsd-gated"], draft_threshold=own_drafts,
-                        draft_stop=own_drafts, lookahead=[m for m in SIMSD if m != "simsd-paper"]), **flags)
+                        draft_stop=own_drafts, lookahead=[m for m in SIMSD if m not in TEMPORAL]), **flags)
     check_settings("copies", "lossless", None, None, None, None, True, "tau", flags["lookahead"])
     cli.check_unit(gate=flags["gate"], draft_threshold=flags["draft_threshold"], draft_stop=flags["draft_stop"])
     if out:
@@ -181,13 +182,13 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
     for B, m in ((B, m) for B in block_sizes for m in methods):
         base = parse_method(m)[0]
         own = dict(draft_budget=draft_budget) if base == "spiffy" else simsd if base in SIMSD else {}
-        own = dict(own, cost=cost[B][0]) if base in (*SIMSD, "spiffy") and base != "simsd-paper" else own
+        own = dict(own, cost=cost[B][0]) if base in (*SIMSD, "spiffy") and base not in TEMPORAL else own
         variants = {m: {}}
         if base in SIMSD and sweep == "gamma":
             variants = {f"{m}(gamma={g})": dict(gamma=g) for g in sorted({1, min(2, B), max(B // 2, 1), B})}
-        if base in SIMSD and base != "simsd-paper" and sweep == "lookahead":
+        if base in SIMSD and base not in TEMPORAL and sweep == "lookahead":
             variants = {f"{m}(K={k})": dict(lookahead=k) for k in range(4)}
-        if base in (*SIMSD, "spiffy") and base != "simsd-paper" and sweep in PAIRS:
+        if base in (*SIMSD, "spiffy") and base not in TEMPORAL and sweep in PAIRS:
             variants = {m: {}, f"{m}({PAIRS[sweep][0]})": PAIRS[sweep][1]}
         if base == "simsd-paper":
             variants |= {f"{m}({name})": setting for a, name, setting in ABLATIONS if a in ablate}
@@ -223,21 +224,21 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
          prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, repeats=1,
          data=None, chat=False, sweep=None, ablate=(), draft_budget=None, out=None, strategy=None,
          gate=None, draft_threshold=None, draft_stop=None, lookahead=None, speed_of_light=None, stop_ids=None,
-         cost_table=None):
+         cost_table=None, lookup_n=None, tasks="arith"):
     """Method flags (drafter ... draft_budget): None/() = the default, an error when no method
     uses them. speed_of_light: a preset or checkpoint directory: sol.py's figures instead."""
     if speed_of_light:
         cli.check_device(device)
         sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile)
         return 0
-    simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead)
+    simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead, lookup_n=lookup_n)
     methods = [SPECS.get(m, m) for m in methods]     # rows under the names of what they run
     check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, drafter=drafter,
                sweep=sweep, ablate=ablate or None, draft_budget=draft_budget, **simsd_kw)
     dtype, limit_hits = getattr(torch, dtype) if dtype else None, cli.RecompileLimitHits() if compile else None
-    tgt, tok, drf = cli.load_models(target, (drafter or "") if any(parse_method(m)[0] in SIMSD for m in methods)
+    tgt, tok, drf = cli.load_models(target, (drafter or "") if any(parse_method(m)[0] in DRAFTED for m in methods)
                                     else None, block_sizes, device, dtype, compile, stop_ids)
-    tasks = load_tasks(data, prompts, tok, chat)
+    kind, tasks = tasks, load_tasks(data, prompts, tok, chat, tasks)
     notes = [f"{target} has no chat_template: the prompts are in ChatML"] * (chat and tok.chat_template is None)
     graphs = graphs_for(target, tgt, lambda: calibration_prompts(data, len(tasks), tok, chat, notes), notes)
     cost = {B: costs.cost_model(target, tgt, B, cost_table) for B in block_sizes}
@@ -252,10 +253,9 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     print("\n".join([table(rows)] + [f"{r['method']} B={r['block_size']} rounds ended: {r['round_ends']}"
                                      for r in rows if r["round_ends"]] + notes + [f"FAILED: {f}" for f in failed]))
     dynamo = limit_hits.report(counters, graphs_after_warmup) if compile else {}
-    result = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device,
-                  torch=torch.__version__, prompts=len(tasks), max_new_tokens=max_new_tokens,
-                  repeats=repeats, results=rows, lossless_ok=not failed, dynamo=dynamo, notes=notes,
-                  gpu_model=GPU_MODEL, date=time.strftime("%Y-%m-%d"))
+    result = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__,
+                  tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats, results=rows,
+                  lossless_ok=not failed, dynamo=dynamo, notes=notes, gpu_model=GPU_MODEL, date=time.strftime("%Y-%m-%d"))
     if out:
         with util.atomic_write(out) as tmp:
             tmp.write_text(json.dumps(result, indent=1) + "\n")
@@ -274,6 +274,8 @@ def parse_args(argv=None):
     g.add_argument("--max-new-tokens", type=int, default=64, help="the most tokens a prompt gets")
     g.add_argument("--repeats", type=int, default=1, help="timed passes; wall time is their median")
     g.add_argument("--data", default=None, help="GSM8K-format JSONL (question, answer)")
+    g.add_argument("--tasks", default="arith", choices=TASKS, help="without --data: held-out problems (arith), "
+                   "each after its own worked answer (copy), or open text up to a speaker's line (text)")
     g.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens: a smoke test")
     g.add_argument("--speed-of-light", metavar="MODEL", default=None, help="instead: a random model shaped like "
                    "MODEL (a preset: sdar-8b, or a checkpoint): its forwards against the bandwidth floor (sol.py)")

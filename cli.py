@@ -11,7 +11,8 @@ import torch
 import checkpoint
 import util
 from decode import EB_THRESHOLD, STRATEGIES, DecodeRule
-from speculate import ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, GATE, LOOKAHEAD, VERIFIERS, check_settings
+from speculate import (ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, GATE, LOOKAHEAD, LOOKUP_N, REFERENCES, VERIFIERS,
+                       check_settings)
 from spiffy import DRAFT_BUDGET
 from tokenizer import check_same_tokenizer, load_tokenizer
 
@@ -57,6 +58,17 @@ def load_drafter(path, target, tok, block_sizes, device="cpu", dtype=None):
             (target.config.vocab_size, target.config.mask_token_id):
         raise ValueError("drafter and target differ in vocabulary size or mask token id")
     return drafter
+
+
+def simsd_drafter(target, drafter, reference, model, tok, block_size, device="cpu", dtype=None):
+    """SimSD's drafter for --reference (None: drafter), or None for a drafter-free reference;
+    with neither --drafter nor --reference, the embedded drafter for the embedded target only."""
+    if reference not in (None, "drafter"):
+        return None
+    if drafter is None and Path(target).resolve() != DEFAULT_TARGET.resolve():
+        raise ValueError(f"--spec simsd needs reference tokens for {target}: give --drafter DIR (a "
+                         "smaller model of its vocabulary), or --reference trajectory or lookup (none)")
+    return load_drafter(drafter, model, tok, [block_size], device, dtype)
 
 
 def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=None, stop_ids=None):
@@ -177,7 +189,7 @@ def check_rule(threshold, temperature, top_p, eb_threshold):
 
 
 SIMSD_FLAGS = ("drafter", "gamma", "verifier", "acceptance", "gate", "draft_threshold", "draft_stop",
-               "lookahead")
+               "lookahead", "reference", "lookup_n")
 SPIFFY_FLAGS = ("graph", "draft_budget")
 SPEC_FLAGS = ("cost_table",)   # both speculative methods
 
@@ -197,7 +209,20 @@ def check_spec_flags(spec, **flags):
     if spec == "simsd":
         check_settings(flags["verifier"] or "copies", flags["acceptance"] or "lossless", flags["gamma"],
                        flags["gate"], flags["draft_threshold"], flags["draft_stop"], rope_copy=True, order="tau",
-                       lookahead=flags["lookahead"])
+                       lookahead=flags["lookahead"], reference=flags["reference"] or "drafter",
+                       lookup_n=flags["lookup_n"])
+        check_reference_flags(**{k: flags[k] for k in ("reference", "lookup_n", "drafter", "draft_threshold",
+                                                       "draft_stop", "gamma")})
+
+
+def check_reference_flags(reference, lookup_n, **drafter_flags):
+    """--reference's own flags: --lookup-n for lookup, the drafter's for the drafter."""
+    if lookup_n is not None and reference != "lookup":
+        raise ValueError(f"--lookup-n does nothing with --reference {reference or 'drafter'} (it is for lookup)")
+    for name, value in drafter_flags.items() if reference not in (None, "drafter") else ():
+        if value is not None:
+            raise ValueError(f"--{name.replace('_', '-')} does nothing with --reference {reference} "
+                             "(it is for a drafter)")
 
 
 # ---- flags, in the groups --help shows
@@ -256,6 +281,13 @@ def simsd_flags(ap, variants=True):
                    help=f"the drafter also drafts every position above this confidence (default {DRAFT_THRESHOLD})")
     g.add_argument("--draft-stop", type=float, default=None,
                    help=f"stop drafting when the drafter's best confidence falls below this (default {DRAFT_STOP})")
+    if variants:
+        g.add_argument("--reference", default=None, choices=REFERENCES,
+                       help="where the drafted tokens come from: a drafter (default), the target's own "
+                            "last forward (trajectory), or n-gram lookup in the prompt and the text so far "
+                            "(lookup); the last two need no second model")
+    g.add_argument("--lookup-n", type=int, default=None,
+                   help=f"--reference lookup: the longest n-gram it matches (default {LOOKUP_N})")
     g.add_argument("--lookahead", type=int, default=None,
                    help=f"blocks past the current one the drafter may draft into, verified in the same "
                         f"target forward (default {LOOKAHEAD}; 0: within the block)")

@@ -15,7 +15,7 @@
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -301,8 +301,7 @@ def to_device(rows, device):
 def check_prompt(prompt, config, max_new_tokens, device):
     """Check the prompt on the host (ids in the vocabulary, no mask token, room for the
     generation); -> its ids on `device`."""
-    ids = prompt if isinstance(prompt, list) and all(isinstance(i, int) for i in prompt) \
-        else torch.as_tensor(prompt).flatten().tolist()   # (a tensor on a GPU: a sync a prompt)
+    ids = prompt_list(prompt)
     if not ids:
         raise ValueError("empty prompt")
     if max_new_tokens < 1:
@@ -315,6 +314,13 @@ def check_prompt(prompt, config, max_new_tokens, device):
         raise ValueError(f"prompt ({len(ids)}) + max_new_tokens ({max_new_tokens}) exceeds the "
                          f"context of {config.max_seq_len} tokens")
     return to_device(ids, device)
+
+
+def prompt_list(prompt):
+    """A prompt's ids as a host list (a tensor on a GPU: a sync a prompt)."""
+    if isinstance(prompt, list) and all(isinstance(i, int) for i in prompt):
+        return prompt
+    return torch.as_tensor(prompt).flatten().tolist()
 
 
 def stop_ids(config, eos_id=None):
@@ -337,6 +343,7 @@ class Frontier:
     host: list = None     # the state on the host (None before a forward read it back)
     step: int = 0         # the rule's step index within the block
     hint: tuple = ()      # what the forward that made this state said of it (Spiffy's ranks)
+    context: list = ()    # the ids before the open block, on the host (round_loop's context)
 
 
 @dataclass
@@ -347,7 +354,7 @@ class Advance:
     front: Frontier
 
 
-def round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block=None):
+def round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block=None, context=None):
     """The round loop every decoder shares (plain, SimSD, Spiffy). Prefill the prompt's whole
     blocks into each session; its tail stays in the first block as known tokens, so blocks
     stay on the grid the model was trained on. Then round after round: round_(front, room) ->
@@ -355,15 +362,22 @@ def round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block=None
     block past them). Every block a round completed is committed to every session (to the
     first, the verifier, from its copy where it has one), and here, in one place, decoding
     stops: at the first of the `stops` ids, at max_new_tokens, or when on_block(new ids)
-    returns True (a caller's own stop, e.g. a stop string). -> (new ids without the stop id,
-    why it stopped: "stop_id", "max_new_tokens" or "on_block")."""
+    returns True (a caller's own stop, e.g. a stop string). context: the prompt's ids as a host
+    list, for a round that reads the text (Frontier.context: the ids before the open block,
+    the prompt's and those committed; read-only). -> (new ids without the stop id, why it
+    stopped: "stop_id", "max_new_tokens" or "on_block")."""
     B, mask_id = rule.block_size, rule.mask_id
     n_prefix = len(ids) // B * B
     for s in sessions:
         s.prefill(ids[:n_prefix])
     out, known = [], len(ids) - n_prefix             # known: prompt tokens in the open block
     front = open_block(ids[n_prefix:], n_prefix, B, mask_id)
+    seen = None
+    if context is not None:                          # and the open block's state on the host
+        seen, front.host = list(context[:n_prefix]), context[n_prefix:] + [mask_id] * front.n_masked
     while True:
+        if seen is not None:
+            front = replace(front, context=seen)
         adv = round_(front, max_new_tokens - len(out) - (B - known))
         front = adv.front
         done = adv.done + ([(front.block, front.host, None)] if not front.n_masked else [])
@@ -371,6 +385,7 @@ def round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block=None
             for i, s in enumerate(sessions):
                 s.commit(block, copy if i == 0 else None)
             new, known = host[known:], 0
+            seen = None if seen is None else seen + host
             end = next((i for i, t in enumerate(new) if t in stops), len(new))
             out += new[:end]
             if on_block and on_block(new[:end]):
@@ -379,7 +394,7 @@ def round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block=None
                 stopped = end < len(new) and len(out) < max_new_tokens
                 return out[:max_new_tokens], "stop_id" if stopped else "max_new_tokens"
         if not front.n_masked:
-            front = Frontier(torch.full_like(front.block, mask_id), front.pos + B, B)
+            front = Frontier(torch.full_like(front.block, mask_id), front.pos + B, B, [mask_id] * B)
 
 
 def open_block(known, start, B, mask_id):

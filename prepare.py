@@ -262,11 +262,26 @@ def entities_copied(question, answer):
 
 # ----------------------------------------------------------------------------- benchmark tasks
 
-def load_tasks(data, n, tok, chat):
-    """(prompt ids, expected answer) pairs: held-out generated problems, or the first n of a
-    GSM8K-style JSONL with "question" and "answer" (the answer's `#### N`, else its last number)."""
-    if data is None:
+TASKS = ("arith", "copy", "text")   # bench.py --tasks
+
+
+def load_tasks(data, n, tok, chat, kind="arith"):
+    """(prompt ids, expected answer or None) pairs: the first n of a GSM8K-style JSONL with
+    "question" and "answer" (the answer's `#### N`, else its last number), or built here, by
+    kind: "arith" held-out generated problems; "copy" each after its own worked answer (an
+    answer that may repeat a long span of its prompt, where n-gram lookup pays); "text" open
+    text, the held-out texts up to a speaker's line ("ROMEO."), no answer."""
+    if kind not in TASKS:
+        raise ValueError(f"unknown --tasks {kind!r}; choose from {', '.join(TASKS)}")
+    if data is not None and kind != "arith":
+        raise ValueError(f"--tasks {kind} builds its own prompts; --data gives arith problems")
+    if kind == "text":
+        items = speaker_prompts(n)
+    elif data is None:
         items = [(f"Question: {p['question']}\nAnswer:", p["result"]) for p in problems(n, "test")]
+        if kind == "copy":
+            items = [(f"Question: {p['question']}\nAnswer: {p['answer']}\n\n{q}", a)
+                     for p, (q, a) in zip(problems(n, "test"), items)]
     else:
         items = []
         for k, rec in util.read_prompts(data, "--data", ("question", "answer"), stop=n):
@@ -276,6 +291,21 @@ def load_tasks(data, n, tok, chat):
         if not items:
             raise ValueError(f"--data file {data} holds no problems")
     return [(tok.encode(tok.apply_chat_template(q) if chat else q), a) for q, a in items]
+
+
+def speaker_prompts(n, path=Path(__file__).parent / "data/val_text.jsonl", before=300):
+    """n open-text prompts, one a held-out text: `before` characters of it, then the first
+    speaker's line after them ("ROMEO.", in capitals)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing (run prepare.py)")
+    items = []
+    for line in path.read_text().splitlines():
+        text = json.loads(line)["text"]
+        for m in re.finditer(r"^[A-Z][A-Z ]{2,}\.\n", text, re.M):
+            if m.start() >= before:
+                items.append((text[m.start() - before:m.end()], None))
+                break
+    return items[:n]
 
 
 def calibration_prompts(data, n_measured, tok, chat, note, n=50):

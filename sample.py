@@ -44,7 +44,7 @@ def check_args(spec, device, block_size, max_new_tokens, threshold, temperature,
 
 
 def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtype, compile,
-            stop_ids, graph, rule_kw, cost_table=None, verifier=None):
+            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None):
     """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), the cost
     model in words); kw: the decoder's own (generator, on_block, SimSD's settings or
     draft_budget, another rule)."""
@@ -57,14 +57,13 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     if spec == "none":
         run = lambda ids, n, rule=rule, **kw: generate(model, ids, n, rule, **kw)
     elif spec == "simsd":
-        models.append(cli.load_drafter(drafter, model, tok, [rule.block_size], device, dtype))
-        run = lambda ids, n, rule=rule, **kw: simsd_generate(model, models[1], ids, n, rule, cost=cost, **kw)
+        models.append(cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype))
+        run = lambda ids, n, rule=rule, **kw: simsd_generate(model, models[1], ids, n, rule, cost=cost, **{
+            "reference": reference or "drafter", **kw})
     else:
         g = load_graph(graph or graph_path(target, rule), rule)
         run = lambda ids, n, rule=rule, **kw: spiffy_generate(model, ids, n, rule, graph=g, cost=cost, **kw)
-    if compile:
-        for m in models:
-            cli.compile_model(m, compile)
+    [cli.compile_model(m, compile) for m in models if m and compile]
     return model, tok, rule, run, None if spec == "none" or verifier == "temporal" else cost_note
 
 
@@ -74,7 +73,8 @@ def summary(spec, stats, rule, load_s, cost_note=None):
          f"{rule.describe()}, target NFE {stats['nfe']} ({stats['tokens'] / stats['nfe']:.2f} "
          f"tokens/forward), ended by {'a stop id' if stats['stop'] == 'stop_id' else stats['stop']}")
     if spec == "simsd":
-        s += f", drafter NFE {stats['nfe_draft']}, mean accepted {stats['mean_accepted']:.2f}"
+        ref = f"drafter NFE {stats['nfe_draft']}" if stats["reference"] == "drafter" else f"{stats['reference']}"
+        s += f", reference {ref}, mean accepted {stats['mean_accepted']:.2f}"
     if spec == "spiffy":
         s += f", steps per forward {stats['steps_per_forward']}"
     return s + (f", copies sized by {cost_note}" if cost_note else "")
@@ -96,7 +96,7 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
                                                strategy, device, dtype, compile, stop_ids, graph,
                                                dict(temperature=temperature, top_k=top_k, top_p=top_p,
                                                     eb_threshold=eb_threshold), flags.pop("cost_table"),
-                                               flags["verifier"])
+                                               flags["verifier"], flags["reference"])
     text = tok.apply_chat_template(prompt) if chat else prompt
     if chat and tok.chat_template is None:
         print(f"note: {target} has no chat_template; the prompt is in ChatML", file=sys.stderr)

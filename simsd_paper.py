@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 import mask as masks
 from decode import Advance, Frontier, packed_index, to_device, to_host
-from verify import first_true, verify_copies
+from verify import first_true, no_extra, verify_copies
 
 GATE = 0.9   # gated acceptance: the target confidence it accepts at
 
@@ -43,7 +43,8 @@ def verify_temporal(sess, block, pos, d, rule, rope_copy=True):
     data_tok = block.clone()
     data_tok[d.pos] = d.tokens
     tokens = torch.cat([data_tok[data_idx], torch.full_like(slot_idx, rule.mask_id)])
-    after_all = torch.full_like(undrafted, int(d.tau[-1]) + 1)  # undrafted: masks in every state
+    last = int(d.tau[-1]) if len(d.tau) else 0
+    after_all = torch.full_like(undrafted, last + 1)  # undrafted: masks in every state
     step = torch.cat([zeros(known), d.tau, d.tau, after_all])
     is_slot = torch.cat([zeros(data_idx, dtype=torch.bool),
                          torch.ones_like(slot_idx, dtype=torch.bool)])
@@ -55,6 +56,13 @@ def verify_temporal(sess, block, pos, d, rule, rope_copy=True):
         slot_pos = pos[-1] + 1 + torch.arange(len(slot_idx), device=pos.device)
     return sess.forward(tokens, torch.cat([pos[data_idx], slot_pos]),
                         lambda c, n: masks.simsd_temporal(c, n, step, is_slot), keep=len(slot_idx))
+
+
+def slots_by_position(block, d, rule):
+    """The temporal verifier's slots (verify_temporal's order), reordered by position."""
+    undrafted = block == rule.mask_id
+    undrafted[d.pos] = False
+    return torch.cat([d.pos, undrafted.nonzero().squeeze(-1)]).argsort()
 
 
 def agree(p_target, d, rule, generator=None):
@@ -182,12 +190,14 @@ def accept_gated(logits, copies, counts, d, step, rule, generator=None, gate=GAT
     return block, accepted, taken + stepped, why, crossed
 
 
-def temporal_round(tsess, drafts, rule, order="tau", rope_copy=True, generator=None):
+def temporal_round(tsess, drafts, rule, order="tau", rope_copy=True, generator=None,
+                   extra=no_extra):
     """A round of the paper's own path (decode.round_loop's round_): drafts(front, room) -> a Draft
     of the open block; ONE target forward over [data section | mask section]
     (verify_temporal); the paper's rule along the step map (accept_temporal).
-    order="position", rope_copy=False: the paper's ablations.
-    -> (Advance, drafts accepted, None: the round's end has no name here)."""
+    order="position", rope_copy=False: the paper's ablations. extra: as verify.walk's, on the
+    slots' logits in position order (each masked position's, in the state its slot saw), for
+    the new state's hint. -> (Advance, drafts accepted, None: the round's end has no name here)."""
     def round_(front, room):
         d = drafts(front, room)
         if order == "position":                                      # ablation: left to right
@@ -196,9 +206,11 @@ def temporal_round(tsess, drafts, rule, order="tau", rope_copy=True, generator=N
                         tau=torch.arange(1, len(d.pos) + 1, device=d.pos.device))
         logits = verify_temporal(tsess, front.block, front.pos, d, rule, rope_copy)
         block, accepted = accept_temporal(logits, front.block, d, rule, generator)
-        host, = to_host(block)
-        n_masked = host.count(rule.mask_id)
-        front = Frontier(block, front.pos, n_masked, host, front.step + 1)
+        more = () if extra is no_extra else extra(logits[slots_by_position(front.block, d, rule)],
+                                                  front.block[None], block[None])
+        host, *hint = to_host(block, *more)
+        front = Frontier(block, front.pos, host.count(rule.mask_id), host, front.step + 1,
+                         tuple(h[0] for h in hint))
         return Advance([], front), accepted, None
     return round_
 

@@ -25,94 +25,20 @@ stateless rule, once a step with a sampled one (verify.walk).
 import bisect
 import time
 from collections import Counter
-from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 import mask as masks
-from decode import DecodeRule, Session, check_prompt, round_loop, stop_ids
+from decode import DecodeRule, Session, check_prompt, prompt_list, round_loop, stop_ids
+from drafts import LOOKUP_N, REFERENCES, Draft, lookup_draft, point, trajectory, worth_verifying
 from simsd_paper import GATE, accept_gated, accept_paper, copies_round, temporal_round
-from verify import Guesses, lossless_round
+from spiffy import ranks
+from verify import lossless_round, no_extra
 
 VERIFIERS, ACCEPTS = ("temporal", "copies"), ("paper", "gated", "lossless")
 DRAFT_THRESHOLD, DRAFT_STOP = 0.5, 0.3   # chosen by measurement on the embedded pair (README)
 LOOKAHEAD = 3   # blocks drafted past the open one (docs/results.md: chosen by measurement)
-
-
-@dataclass
-class Draft:
-    pos: torch.Tensor       # (n,) positions drafted this round, in draft order; B and on: a
-                            # later block's (lookahead), position p at p % B of block p // B
-    tokens: torch.Tensor    # (n,) drafted tokens d_i
-    p_draft: torch.Tensor   # (n, V) the drafter's distribution at the step each was revealed
-    tau: torch.Tensor       # (n,) step labels 1, 2, ... (the step map; equal within a step)
-    per_block: list = None  # host ints: drafts in the block, then in each later block (lookahead)
-    mask_id: int = None     # (a later block's states start from all masks)
-
-    def states(self, block):
-        """(m, B): the block before each draft and after the last (cumulative reveals); with
-        lookahead, then each later block's, from all masks, after the block before it drafted
-        whole (complete)."""
-        B, chunks, at = len(block), [], 0
-        for b, nb in enumerate(self.per_block or [len(self.pos)]):
-            base = block if b == 0 else torch.full_like(block, self.mask_id)
-            p, t = self.pos[at:at + nb] - b * B, self.tokens[at:at + nb]
-            steps = torch.arange(nb + 1, device=block.device)
-            after = steps[:, None] > steps[None, :nb]
-            copies = base.repeat(nb + 1, 1)
-            copies[:, p] = torch.where(after, t, base[p])
-            chunks.append(copies)
-            at += nb
-        return torch.cat(chunks)
-
-    def prefix(self, k):
-        """The first k drafts (the blocks they reach; one ending a block keeps the next one's
-        first state)."""
-        per, left = [], k
-        for nb in self.per_block or [len(self.pos)]:
-            per.append(min(nb, left))
-            left -= per[-1]
-            if per[-1] < nb:
-                break
-        return Draft(self.pos[:k], self.tokens[:k], self.p_draft[:k], self.tau[:k], per,
-                     self.mask_id)
-
-    def sized(self, cost):
-        """The prefix worth verifying (worth_verifying): the product of the drafter's
-        probabilities of each draft's tokens as the chance its state is reached. A host sync."""
-        chance = self.p_draft.gather(-1, self.tokens[:, None]).squeeze(-1).cumprod(0).tolist()
-        return self.prefix(worth_verifying(chance, self.per_block or [len(self.pos)], cost))
-
-    def layout(self, n_masked, B):
-        """For states(): each copy's number of masks (n_masked: the open block's), its parent
-        (verify.Guesses'; None without lookahead); and src: the copy each draft was drafted
-        in. Host ints only."""
-        counts, parent, src = [], [], []
-        for b, nb in enumerate(self.per_block or [len(self.pos)]):
-            first = len(counts)
-            counts += [(B if b else n_masked) - k for k in range(nb + 1)]
-            parent += [first - 1 if b else -1] * (nb + 1)
-            src += range(first, first + nb)
-        return counts, parent if len(self.per_block or ()) > 1 else None, src
-
-    def guesses(self, block, n_masked):
-        """The drafted states of the open `block` (n_masked of it masked) as verify.Guesses."""
-        counts, parent, _ = self.layout(n_masked, len(block))
-        return Guesses(self.states(block), counts, parent, self)
-
-
-def worth_verifying(chance, per_block, cost):
-    """How many drafts to verify: the prefix with the most expected steps a second, drafted
-    state k reached with chance[k - 1] (one step for the block's own state), by the measured
-    cost(n copies) of a forward (a cost table, costs.py); a draft that ends a block brings the
-    next block's first copy with it. Host floats and ints."""
-    ends = {sum(per_block[:b + 1]) for b in range(len(per_block) - 1)}   # drafts that end a block
-    value, best = 1.0, (1.0 / cost(1), 0)
-    for k in range(1, len(chance) + 1):
-        value += chance[k - 1]
-        best = max(best, (value / cost(k + 1 + sum(e <= k for e in ends)), k))
-    return best[1]
 
 
 def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, generator=None,
@@ -193,8 +119,15 @@ def accepted(g, w):
 
 
 def check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order,
-                   lookahead=None):
+                   lookahead=None, reference="drafter", lookup_n=None):
     """Refuse settings that are unknown or that the chosen verifier cannot honour."""
+    if reference not in REFERENCES:
+        raise ValueError(f"unknown --reference {reference!r}; choose from {', '.join(REFERENCES)}")
+    if lookup_n is not None and (type(lookup_n) is not int or lookup_n < 1):
+        raise ValueError(f"--lookup-n must be an integer >= 1, got {lookup_n!r}")
+    if reference != "drafter" and acceptance in ("paper", "gated") and verifier == "copies":
+        raise ValueError(f"--reference {reference} runs --verify copies --accept lossless or "
+                         f"--verify temporal --accept paper, not --accept {acceptance} on copies")
     if lookahead is not None and (type(lookahead) is not int or lookahead < 0):
         raise ValueError(f"--lookahead must be an integer >= 0, got {lookahead!r}")
     if lookahead and verifier == "temporal":
@@ -220,24 +153,52 @@ def check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_sto
             raise ValueError(f"{name} must be in (0, 1], got {x}")
 
 
-def simsd_round(tsess, dsess, rule, verifier, acceptance, gate, rope_copy, order, draft_kw,
-                lookahead, stops, cost, generator):
-    """SimSD's round for the loop, by verifier and acceptance rule: round_(front, room) ->
-    (decode.Advance, drafts accepted, why the round ended; None on the temporal mask)."""
-    temporal = verifier == "temporal"
-    drafts = propose_drafts(dsess, rule, draft_kw, lookahead, stops, None if temporal else cost)
-    if temporal:
-        return temporal_round(tsess, drafts, rule, order, rope_copy, generator)
+def propose_reference(reference, rule, lookahead, stops, lookup_n, cost, vocab, temporal):
+    """A drafter-free source (drafts.py: "trajectory" or "lookup") as a proposer, like
+    propose_drafts; on the temporal path within the open block, point proposals (one-hot
+    p_draft), and lookup's drafts left to right."""
+    B = rule.block_size
+
+    def drafts(front, room):
+        ahead = 0 if temporal else min(lookahead, max(0, -(-room // B)))
+        d = trajectory(front, rule, ahead, stops) if reference == "trajectory" else \
+            lookup_draft(front, rule, lookup_n, ahead, stops, hinted=not temporal)
+        d = d.sized(cost) if cost and len(d.tau) else d
+        return point(d, vocab) if temporal else d
+    return drafts
+
+
+def check_reference(reference, drafter, config):
+    """A drafter exactly when the reference is one, and of the target's vocabulary."""
+    if reference == "drafter" and drafter is None:
+        raise ValueError("--reference drafter needs a drafter (or choose --reference trajectory "
+                         "or lookup: no second model)")
+    if reference != "drafter" and drafter is not None:
+        raise ValueError(f"a drafter was given with --reference {reference}, which needs none")
+    if drafter is not None and (drafter.config.mask_token_id, drafter.config.vocab_size) != (
+            config.mask_token_id, config.vocab_size):
+        raise ValueError("drafter and target differ in vocabulary size or mask token id")
+
+
+def simsd_round(tsess, drafts, rule, verifier, acceptance, gate, rope_copy, order, generator,
+                extra=no_extra):
+    """SimSD's round for the loop, by verifier and acceptance rule, on the proposer `drafts`
+    ((front, room) -> Draft); extra: the walk's (the hint the next round's drafts read).
+    -> round_(front, room) -> (decode.Advance, drafts accepted, why the round ended; None on
+    the temporal mask)."""
+    if verifier == "temporal":
+        return temporal_round(tsess, drafts, rule, order, rope_copy, generator, extra)
     if acceptance != "lossless":
         rules = dict(paper=accept_paper, gated=partial(accept_gated, gate=gate))
         return copies_round(tsess, drafts, rule, rules[acceptance], generator)
     walked = lossless_round(tsess, rule, lambda front, room: drafts(front, room).guesses(
-        front.block, front.n_masked), generator)
+        front.block, front.n_masked), generator, extra)
 
     def round_(front, room):         # draft, verify as block copies, walk the target's own rule
         adv, g, w = walked(front, room)
         n, of = accepted(g, w)
-        return adv, n, "every draft accepted" if n == of else "target chose otherwise"
+        why = "every draft accepted" if n == of else "target chose otherwise"
+        return adv, n, why if of else "nothing proposed"
     return round_
 
 
@@ -246,47 +207,66 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
                    acceptance="lossless", gamma=None, gate=GATE, draft_threshold=DRAFT_THRESHOLD,
                    draft_stop=DRAFT_STOP, rope_copy=True, order="tau", fuse_commit=True,
                    eos_id=None, generator=None, on_block=None, lookahead=None, cost=None,
-                   copy_commit=True):
-    """SimSD decoding. target, drafter: Transformers sharing a tokenizer (batch 1). rule: the
-    target's DecodeRule; the drafter samples with the same settings. verifier, acceptance: the
-    module docstrings; gamma: most tokens drafted a round (default B x (1 + lookahead)); gate,
-    draft_threshold, draft_stop: see accept_gated and draft. lookahead: blocks past the open
-    one the drafter may draft (verifier "copies"; default LOOKAHEAD). cost: a cost model
-    (costs.py) the drafts are sized by; None: every draft verified. copy_commit: a block
-    finished ahead is committed from its copy (decode.Session.commit). rope_copy=False,
-    order="position": the paper's ablations. generator: the target's stream; the drafter's is
-    seeded from it (lossless: plain's tokens). -> (new ids, stats)."""
+                   copy_commit=True, reference="drafter", lookup_n=LOOKUP_N):
+    """SimSD decoding. target, drafter: Transformers sharing a tokenizer (batch 1); drafter None
+    with a drafter-free `reference` (drafts.py: trajectory, lookup up to lookup_n-grams). rule:
+    the target's DecodeRule, the drafter's too. verifier, acceptance: the module docstrings;
+    gamma: most tokens drafted a round (default B x (1 + lookahead)); gate, draft_threshold,
+    draft_stop: accept_gated, draft. lookahead: blocks past the open one drafts may reach
+    (copies; default LOOKAHEAD). cost: a cost model (costs.py) sizing the drafts (None: all
+    verified). copy_commit: decode.Session.commit. rope_copy, order: the paper's ablations.
+    generator: the target's stream (lossless: plain's tokens). -> (new ids, stats)."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order,
-                   lookahead)
-    if (drafter.config.mask_token_id, drafter.config.vocab_size) != (c.mask_token_id, c.vocab_size):
-        raise ValueError("drafter and target differ in vocabulary size or mask token id")
+                   lookahead, reference, lookup_n)
+    check_reference(reference, drafter, c)
     B, temporal = rule.block_size, verifier == "temporal"
     lookahead = (0 if temporal else LOOKAHEAD) if lookahead is None else lookahead
     gamma = B * (1 + lookahead) if gamma is None else gamma
     ids = check_prompt(prompt, c, max_new_tokens, target.embed.weight.device)
     t0, hist, ends, stops = time.perf_counter(), Counter(), Counter(), stop_ids(c, eos_id)
     scratch = (4 if temporal else gamma + lookahead + 4) * B
-    tsess = Session(target, B, len(ids) + max_new_tokens + scratch, fuse_commit, copy_commit)
-    dsess = Session(drafter, B, len(ids) + max_new_tokens + (lookahead + 3) * B, fuse_commit)
-    seeded = None if generator is None else torch.Generator(generator.device).manual_seed(
-        generator.initial_seed() + 1)
-    draft_kw = dict(gamma=gamma, draft_threshold=draft_threshold, draft_stop=draft_stop,
-                    generator=seeded)
-    round_ = simsd_round(tsess, dsess, rule, verifier, acceptance, gate, rope_copy, order, draft_kw,
-                         lookahead, stops, cost, generator)
+    sessions = [Session(target, B, len(ids) + max_new_tokens + scratch, fuse_commit, copy_commit)]
+    cost, extra = None if temporal else cost, no_extra
+    if reference == "drafter":
+        sessions.append(Session(drafter, B, len(ids) + max_new_tokens + (lookahead + 3) * B,
+                                fuse_commit))
+        draft_kw = dict(gamma=gamma, draft_threshold=draft_threshold, draft_stop=draft_stop,
+                        generator=drafters_stream(generator))
+        drafts = propose_drafts(sessions[1], rule, draft_kw, lookahead, stops, cost)
+    else:
+        drafts = propose_reference(reference, rule, lookahead, stops, lookup_n, cost,
+                                   c.vocab_size, temporal)
+        extra = extra if reference == "lookup" and temporal else ranked(rule)
+    round_ = tallied(simsd_round(sessions[0], drafts, rule, verifier, acceptance, gate, rope_copy,
+                                 order, generator, extra), hist, ends)
+    context = prompt_list(prompt) if reference == "lookup" else None
+    out, stop = round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block, context)
+    seconds, rounds, (tsess, *dsess) = time.perf_counter() - t0, sum(hist.values()), sessions
+    return out, dict(stop=stop, nfe=tsess.nfe, nfe_draft=sum(s.nfe for s in dsess), rows=dict(
+        tsess.rows), rows_draft=dict(dsess[0].rows) if dsess else {}, tokens=len(out),
+        seconds=seconds, rounds=rounds, accept_hist=dict(sorted(hist.items())), lookahead=lookahead,
+        round_ends={k: v for k, v in ends.items() if v}, tokens_per_s=len(out) / seconds,
+        reference=reference, mean_accepted=sum(k * v for k, v in hist.items()) / max(rounds, 1))
 
-    def tally(front, room):                          # why rounds end, and drafts accepted
+
+def tallied(round_, hist, ends):
+    """round_ for the loop, counting drafts accepted (hist) and why rounds end (ends)."""
+    def tally(front, room):
         adv, n, why = round_(front, room)
         hist[n], ends[why] = hist[n] + 1, ends[why] + (why is not None)
         return adv
+    return tally
 
-    out, stop = round_loop(tally, [tsess, dsess], ids, rule, max_new_tokens, stops, on_block)
-    seconds, rounds = time.perf_counter() - t0, sum(hist.values())
-    return out, dict(stop=stop, nfe=tsess.nfe, nfe_draft=dsess.nfe, rows=dict(tsess.rows),
-                     rows_draft=dict(dsess.rows), tokens=len(out), seconds=seconds, rounds=rounds,
-                     accept_hist=dict(sorted(hist.items())), lookahead=lookahead,
-                     round_ends={k: v for k, v in ends.items() if v},
-                     tokens_per_s=len(out) / seconds,
-                     mean_accepted=sum(k * v for k, v in hist.items()) / max(rounds, 1))
+
+def drafters_stream(generator):
+    """The drafter's random stream, seeded from the target's (None: greedy)."""
+    return None if generator is None else torch.Generator(generator.device).manual_seed(
+        generator.initial_seed() + 1)
+
+
+def ranked(rule):
+    """The walk's `extra` for the drafter-free references: each new state's ranks under the
+    logits it was stepped from (spiffy.ranks: positions by confidence, best token, its p)."""
+    return lambda logits, copies, states: ranks(logits, states, rule, 1, copies)

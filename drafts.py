@@ -1,0 +1,194 @@
+"""SimSD's drafts: what a round verifies (Draft), and two sources of one that need no drafter.
+
+The SimSD paper takes its reference tokens "either from a smaller draft model, or from
+previously decoded trajectories". speculate.draft is the first; here are two of the second kind,
+proposers for SimSD's rounds ((front, room) -> Draft), which run no forward of their own:
+  trajectory  the target's own last forward: at the open block's state, its most likely token
+              at every masked position, revealed in its own confidence order (the threshold
+              rule's first step at once, then one a step): the trajectory it would follow if
+              its current guesses held. Read off the ranks the last walk brought back
+              (Frontier.hint); a state no forward has seen (a new block) proposes nothing.
+  lookup      prompt-lookup decoding's n-gram match: the most recent earlier occurrence, in the
+              prompt and the text decoded so far (Frontier.context), of the last n tokens
+              before the open block's first mask (n = lookup_n, else shorter), and the tokens
+              that followed it, on into up to `lookahead` later blocks. No match: nothing
+              proposed, and the round is a plain step.
+Both propose fixed tokens, a point proposal: p_draft is one-hot where the paper's acceptance
+reads it (speculative sampling then accepts d with p_target(d), and corrects from p_target
+without d), None on the lossless walk, which never reads it. How many drafts a forward
+verifies: Draft.sized by a cost table, with `chance`, the source's own guess of each draft's
+odds: trajectory the product of the target's last confidences, lookup LOOKUP_CHANCE a token.
+"""
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from decode import to_device
+from verify import Guesses
+
+LOOKUP_N = 3          # the longest n-gram lookup matches (README: chosen by measurement)
+LOOKUP_CHANCE = 0.5   # lookup's guess of the chance each proposed token is kept (sizing only)
+REFERENCES = ("drafter", "trajectory", "lookup")
+
+
+@dataclass
+class Draft:
+    pos: torch.Tensor       # (n,) positions drafted this round, in draft order; B and on: a
+                            # later block's (lookahead), position p at p % B of block p // B
+    tokens: torch.Tensor    # (n,) drafted tokens d_i
+    p_draft: torch.Tensor   # (n, V) the drafter's distribution at the step each was revealed
+                            # (a drafter-free source's point proposal: one-hot, or None)
+    tau: torch.Tensor       # (n,) step labels 1, 2, ... (the step map; equal within a step)
+    per_block: list = None  # host ints: drafts in the block, then in each later block (lookahead)
+    mask_id: int = None     # (a later block's states start from all masks)
+    chance: list = None     # host floats: the chance each draft's state is reached (sized());
+                            # None: the product of the drafter's probabilities of its tokens
+
+    def states(self, block):
+        """(m, B): the block before each draft and after the last (cumulative reveals); with
+        lookahead, then each later block's, from all masks, after the block before it drafted
+        whole (complete)."""
+        B, chunks, at = len(block), [], 0
+        for b, nb in enumerate(self.per_block or [len(self.pos)]):
+            base = block if b == 0 else torch.full_like(block, self.mask_id)
+            p, t = self.pos[at:at + nb] - b * B, self.tokens[at:at + nb]
+            steps = torch.arange(nb + 1, device=block.device)
+            after = steps[:, None] > steps[None, :nb]
+            copies = base.repeat(nb + 1, 1)
+            copies[:, p] = torch.where(after, t, base[p])
+            chunks.append(copies)
+            at += nb
+        return torch.cat(chunks)
+
+    def prefix(self, k):
+        """The first k drafts (the blocks they reach; one ending a block keeps the next one's
+        first state)."""
+        per, left = [], k
+        for nb in self.per_block or [len(self.pos)]:
+            per.append(min(nb, left))
+            left -= per[-1]
+            if per[-1] < nb:
+                break
+        return Draft(self.pos[:k], self.tokens[:k], None if self.p_draft is None else
+                     self.p_draft[:k], self.tau[:k], per, self.mask_id,
+                     self.chance and self.chance[:k])
+
+    def sized(self, cost):
+        """The prefix worth verifying (worth_verifying), by `chance`, or else the product of
+        the drafter's probabilities of each draft's tokens as the chance its state is reached
+        (a host sync)."""
+        chance = self.chance or self.p_draft.gather(-1, self.tokens[:, None]).squeeze(-1).cumprod(
+            0).tolist()
+        return self.prefix(worth_verifying(chance, self.per_block or [len(self.pos)], cost))
+
+    def layout(self, n_masked, B):
+        """For states(): each copy's number of masks (n_masked: the open block's), its parent
+        (verify.Guesses'; None without lookahead); and src: the copy each draft was drafted
+        in. Host ints only."""
+        counts, parent, src = [], [], []
+        for b, nb in enumerate(self.per_block or [len(self.pos)]):
+            first = len(counts)
+            counts += [(B if b else n_masked) - k for k in range(nb + 1)]
+            parent += [first - 1 if b else -1] * (nb + 1)
+            src += range(first, first + nb)
+        return counts, parent if len(self.per_block or ()) > 1 else None, src
+
+    def guesses(self, block, n_masked):
+        """The drafted states of the open `block` (n_masked of it masked) as verify.Guesses."""
+        counts, parent, _ = self.layout(n_masked, len(block))
+        return Guesses(self.states(block), counts, parent, self)
+
+
+def worth_verifying(chance, per_block, cost):
+    """How many drafts to verify: the prefix with the most expected steps a second, drafted
+    state k reached with chance[k - 1] (one step for the block's own state), by the measured
+    cost(n copies) of a forward (a cost table, costs.py); a draft that ends a block brings the
+    next block's first copy with it. Host floats and ints."""
+    ends = {sum(per_block[:b + 1]) for b in range(len(per_block) - 1)}   # drafts that end a block
+    value, best = 1.0, (1.0 / cost(1), 0)
+    for k in range(1, len(chance) + 1):
+        value += chance[k - 1]
+        best = max(best, (value / cost(k + 1 + sum(e <= k for e in ends)), k))
+    return best[1]
+
+
+def point(d, vocab):
+    """d with one-hot p_draft (a point proposal), as the paper's acceptance reads it."""
+    d.p_draft = F.one_hot(d.tokens, vocab).float()
+    return d
+
+
+def make(pos, tokens, tau, per_block, chance, mask_id, device):
+    """A Draft from host lists (an empty one: nothing proposed, a plain step)."""
+    pos, tokens, tau = (to_device(x, device) for x in (pos, tokens, tau))
+    return Draft(pos, tokens, None, tau, per_block, mask_id, chance)
+
+
+def trajectory(front, rule, ahead, stops):
+    """The target's trajectory from the open block's state, read off front.hint (the ranks of
+    the last forward at this state: positions by confidence, each one's best token and its
+    probability; verify.walk's `extra`, spiffy.ranks). ahead: a block drafted whole brings
+    the next block's first state (all masks) as one more copy, unless it holds a stop id.
+    -> Draft."""
+    if not front.hint:                                       # no forward has seen this state
+        return make([], [], [], [0], [], rule.mask_id, front.block.device)
+    order, tok, p = front.hint
+    m = front.n_masked
+    first = sum(p[i][0] > rule.threshold for i in range(m)) if rule.strategy == \
+        "low_confidence_dynamic" else 1                      # the threshold rule's first step
+    tau = [max(1, i + 2 - max(first, 1)) for i in range(m)]
+    chance, c, block = [], 1.0, list(front.host)
+    for i in range(m):
+        c *= p[i][0]
+        chance.append(c)
+        block[order[i]] = tok[i][0]
+    cross = int(ahead > 0 and not stops.intersection(block))
+    return make(order[:m], [tok[i][0] for i in range(m)], tau, [m] + [0] * cross, chance,
+                rule.mask_id, front.block.device)
+
+
+def lookup(context, n_max, want):
+    """Prompt lookup: the (at most `want`) tokens that followed the most recent earlier
+    occurrence of context's last n tokens, n from n_max down to 1; [] if none occurs."""
+    L = len(context)
+    for n in range(min(n_max, L - 1), 0, -1):
+        key = context[L - n:]
+        for s in range(L - n - 1, -1, -1):
+            if context[s:s + n] == key:
+                return context[s + n:s + n + want]
+    return []
+
+
+def lookup_draft(front, rule, n_max, ahead, stops, hinted=True):
+    """The lookup proposal for the open block, then up to `ahead` later blocks: the tokens
+    that followed the last match of the n tokens before the block's first mask, position by
+    position, up to a known position that holds another token, or past a block that holds a
+    stop id. The open block's drafts in the order of the last forward's confidence
+    (front.hint, when hinted and there is one), else left to right. -> Draft."""
+    B, mask = rule.block_size, rule.mask_id
+    state = front.host
+    lead = next((i for i, t in enumerate(state) if t == mask), B)
+    guess = lookup(list(front.context) + state[:lead], n_max, B - lead + ahead * B)
+    full, pos, per_block = state[:lead], [], [0]
+    for p, t in enumerate(guess, lead):
+        if p < B and state[p] != mask and state[p] != t:     # the match broke
+            break
+        if p % B == 0 and p:                                 # on into the next block
+            if stops.intersection(full[p - B:p]):
+                break
+            per_block.append(0)
+        full.append(t)
+        if p >= B or state[p] == mask:
+            pos.append(p)
+            per_block[-1] += 1
+    done = len(full) % B == 0 and len(full) // B < ahead + 1
+    if done and per_block[-1] and not stops.intersection(full[-B:]):
+        per_block.append(0)                                  # the next block's first state
+    if hinted and front.hint and per_block[0]:              # the open block by confidence
+        rank = {q: r for r, q in enumerate(front.hint[0])}
+        pos[:per_block[0]] = sorted(pos[:per_block[0]], key=rank.get)
+    tokens = [full[p] for p in pos]
+    chance = [LOOKUP_CHANCE ** (i + 1) for i in range(len(pos))]
+    return make(pos, tokens, list(range(1, len(pos) + 1)), per_block, chance, mask,
+                front.block.device)

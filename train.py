@@ -158,11 +158,15 @@ def load_teacher(path, weight, config, tok, seq_len, device):
     if c.max_seq_len < seq_len:
         raise ValueError(f"--distill: the target in {path} reads {c.max_seq_len} positions, "
                          f"fewer than --seq-len {seq_len}")
+    return teacher.requires_grad_(False), teacher_info(path, weight)
+
+
+def teacher_info(path, weight=None):
+    """What a resume checks of a distillation: the target's path, its weights' SHA-256, W."""
     digest = hashlib.sha256()
     for shard in checkpoint.find_shards(path):
-        digest.update((path / shard).read_bytes())
-    info = dict(target=str(path.resolve()), sha256=digest.hexdigest(), weight=1.0 if weight is None else weight)
-    return teacher.requires_grad_(False), info
+        digest.update((Path(path) / shard).read_bytes())
+    return dict(target=str(Path(path).resolve()), sha256=digest.hexdigest(), weight=1.0 if weight is None else weight)
 
 
 def save_checkpoint(path, model, opt, it, config, log, distill=None):

@@ -212,3 +212,40 @@ def test_resume_refuses_to_distill_a_run_trained_without(pair, tmp_path, capsys)
     capsys.readouterr()
     line = one_line_error(capsys, **dict(kw, iters=4, resume=True, distill=str(target)))
     assert "was trained without --distill, not with --distill" in line
+
+
+# ---- distill.py: a drafter for a given target from a JSONL of prompts
+
+def prompts_file(d, n=12):
+    path = d / "prompts.jsonl"
+    path.write_text("".join(json.dumps(dict(question=f"Question: {k} apples and {k + 2} pears?\nAnswer:")) + "\n"
+                            for k in range(n)))
+    return path
+
+
+def test_distill_py_trains_a_drafter_toward_its_targets_answers_and_resumes(tmp_path):
+    import distill
+    target, drafter = target_dir(tmp_path), target_dir(tmp_path, "drafter", seed=5)
+    prompts, out = prompts_file(tmp_path), tmp_path / "distilled"
+    kw = dict(target=target, drafter=drafter, prompts=prompts, out=out, max_new_tokens=8, iters=12,
+              batch_size=4, eval_every=6, lr=3e-3)
+    distill.main(**kw)
+    answers = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 12 and all(a["answer"] for a in answers)
+    log = json.loads((out / "distill_log.json").read_text())
+    for B in objective.BLOCK_SIZES:
+        assert log[-1][f"kl/held_out/B{B}"] < log[0][f"kl/held_out/B{B}"], B
+    model, _ = __import__("cli").load(out)                     # a checkpoint sample.py reads
+    assert (out / "tokenizer.model").is_file() and model.config.vocab_size == 2048
+    with pytest.raises(ValueError, match="--resume to go on"):
+        distill.main(**kw)
+    distill.main(**dict(kw, iters=18, resume=True))           # goes on from iteration 12
+    assert json.loads((out / "distill_log.json").read_text())[-1]["iter"] == 17
+
+
+def test_distill_py_refuses_a_target_of_another_vocabulary(tmp_path):
+    import distill
+    target, drafter = target_dir(tmp_path, vocab=4096), target_dir(tmp_path, "drafter", seed=5)
+    with pytest.raises(ValueError, match="tokenizer|vocabulary"):
+        distill.main(target=target, drafter=drafter, prompts=prompts_file(tmp_path), out=tmp_path / "o")
+    assert not (tmp_path / "o" / "answers.jsonl").exists()

@@ -118,6 +118,15 @@ class DecodeRule:
         scaled[..., self.mask_id] = -math.inf    # (a scalar index: no host-to-device copy)
         return (scaled.amax(-1) - lse).exp()     # (amax: max without indices, several x faster)
 
+    def best(self, logits):
+        """(n,) each row's most likely non-mask token and its confidence (top_confidence's), in
+        one pass over the logits (top-k and top-p never drop the most likely token)."""
+        scaled = logits.float() / (self.temperature or 1.0)
+        lse = scaled.logsumexp(-1)
+        scaled[..., self.mask_id] = -math.inf
+        top, tokens = scaled.max(-1)
+        return tokens, (top - lse).exp()
+
     def pick(self, logits, generator=None, noise=None):
         """Per row of (n, V) logits: a token drawn from `probs` (argmax when greedy), its
         confidence, and the distribution it was drawn from. noise: the rows' (n, V) Exp(1)

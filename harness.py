@@ -53,7 +53,7 @@ SETTINGS = dict(  # model_arg -> (type, default); None as in sample.py: that met
     top_k=(int, None), top_p=(float, None), eb_threshold=(float, cli.EB_THRESHOLD), gamma=(int, None),
     verify=(str, None), accept=(str, None), gate=(float, None), draft_threshold=(float, None),
     draft_stop=(float, None), lookahead=(int, None), graph=(Path, None), draft_budget=(int, None),
-    stop_ids=(tuple, None),
+    stop_ids=(tuple, None), reference=(str, None), lookup_n=(int, None),
     seed=(int, 0), device=(str, None), dtype=(str, None), compile=(str, None), chat=(bool, False),
     max_new_tokens=(int, 256))
 GEN_KWARGS = dict(until=None, max_gen_toks=int, do_sample=bool, temperature=float, top_k=int, top_p=float)
@@ -107,7 +107,8 @@ class SDARSpec(LM):
                 raise ValueError(f"model_args {name}={a[name]!r}: choose from {', '.join(allowed)}")
         flags = dict(drafter=a["drafter"], gamma=a["gamma"], verifier=a["verify"], acceptance=a["accept"],
                      gate=a["gate"], draft_threshold=a["draft_threshold"], draft_stop=a["draft_stop"],
-                     lookahead=a["lookahead"], draft_budget=a["draft_budget"])
+                     lookahead=a["lookahead"], draft_budget=a["draft_budget"], reference=a["reference"],
+                     lookup_n=a["lookup_n"])
         sample.check_args(a["spec"], a["device"], a["block_size"], a["max_new_tokens"], a["threshold"],
                           a["temperature"], a["top_k"], a["top_p"], a["eb_threshold"], a["graph"], flags)
         self._device, self.chat, self.seed = a["device"], a["chat"], a["seed"]
@@ -115,7 +116,8 @@ class SDARSpec(LM):
         self.model, self.tok, self.rule, run, _ = sample.prepare(
             a["spec"], a["target"], flags.pop("drafter"), a["block_size"], a["threshold"], a["strategy"],
             a["device"], a["dtype"], a["compile"], a["stop_ids"], a["graph"],
-            dict(temperature=a["temperature"], top_k=a["top_k"], top_p=a["top_p"], eb_threshold=a["eb_threshold"]))
+            dict(temperature=a["temperature"], top_k=a["top_k"], top_p=a["top_p"], eb_threshold=a["eb_threshold"]),
+            None, flags["verifier"], flags["reference"])
         if self.chat:   # a tokenizer with no chat format fails now, not at the first request
             self.tok.apply_chat_template("")
             if self.tok.chat_template is None:

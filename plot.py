@@ -28,17 +28,20 @@ def plot(bench_json, png):
         raise ValueError("plot.py needs matplotlib (pip install matplotlib)") from None
     sizes = sorted({r["block_size"] for r in results})
     thr = {r["block_size"]: r for r in results if r["method"] == "threshold"}
-    fig, (left, right, gpu) = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, (left, right, gpu) = plt.subplots(1, 3, figsize=(17, 4.2))
     left.plot(sizes, sizes, "k:", label="one block a forward (B tokens)")
-    for method in dict.fromkeys(r["method"] for r in results):
+    methods = list(dict.fromkeys(r["method"] for r in results))
+    colours = {m: plt.cm.tab10(i % 10) for i, m in enumerate(dict.fromkeys(m.split("(")[0] for m in methods))}
+    for method in methods:
         rows = sorted((r["block_size"], r) for r in results if r["method"] == method)
-        bs = [b for b, _ in rows]
-        left.plot(bs, [r["tokens_per_target_fwd"] for _, r in rows], "o-", label=method)
+        bs, style = [b for b, _ in rows], dict(color=colours[method.split("(")[0]], label=method,
+                                               ls="--" if "(" in method else "-", marker="o")
+        left.plot(bs, [r["tokens_per_target_fwd"] for _, r in rows], **style)
         if thr:
-            right.plot(bs, [r["tokens_per_s"] / thr[b]["tokens_per_s"] for b, r in rows], "o-", label=method)
+            right.plot(bs, [r["tokens_per_s"] / thr[b]["tokens_per_s"] for b, r in rows], **style)
             if all("gpu_fwd_equiv_per_token" in r for _, r in rows):   # (older JSON: no GPU column)
                 gpu.plot(bs, [thr[b]["gpu_fwd_equiv_per_token"] / r["gpu_fwd_equiv_per_token"] for b, r in rows],
-                         "o-", label=method)
+                         **style)
     for ax, what in ((left, "tokens per target forward"), (right, "tokens/s, x the threshold rule"),
                      (gpu, "GPU cost (modelled): x cheaper than threshold")):
         ax.set_xscale("log", base=2)
@@ -46,11 +49,11 @@ def plot(bench_json, png):
         ax.set_xlabel("block size B"), ax.set_ylabel(what), ax.grid(alpha=0.3)
     left.set_yscale("log", base=2)
     right.axhline(1, color="k", lw=0.8), gpu.axhline(1, color="k", lw=0.8)
-    left.legend(fontsize=7)
+    gpu.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle(f"bench.py on {bench.get('device')}, torch {bench.get('torch')}, {bench.get('prompts')} "
                  f"prompts, {bench.get('date')}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=110, bbox_inches="tight")
 
 
 if __name__ == "__main__":

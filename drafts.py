@@ -46,6 +46,7 @@ class Draft:
     mask_id: int = None     # (a later block's states start from all masks)
     chance: list = None     # host floats: the chance each draft's state is reached (sized());
                             # None: the product of the drafter's probabilities of its tokens
+    proposed: int = None    # drafts proposed before a cost table cut them (None: len(pos))
 
     def states(self, block):
         """(m, B): the block before each draft and after the last (cumulative reveals); with
@@ -74,7 +75,8 @@ class Draft:
                 break
         return Draft(self.pos[:k], self.tokens[:k], None if self.p_draft is None else
                      self.p_draft[:k], self.tau[:k], per, self.mask_id,
-                     self.chance and self.chance[:k])
+                     self.chance and self.chance[:k],
+                     len(self.pos) if self.proposed is None else self.proposed)
 
     def sized(self, cost):
         """The prefix worth verifying (worth_verifying), by `chance`, or else the product of

@@ -198,7 +198,8 @@ def simsd_round(tsess, drafts, rule, verifier, acceptance, gate, rope_copy, orde
         adv, g, w = walked(front, room)
         n, of = accepted(g, w)
         why = "every draft accepted" if n == of else "target chose otherwise"
-        return adv, n, why if of else "nothing proposed"
+        cut = g.data.proposed                         # drafts there were, before sizing
+        return adv, n, why if of else "none worth verifying" if cut else "nothing proposed"
     return round_
 
 

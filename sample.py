@@ -18,11 +18,11 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 
 import torch
 
-import cli, costs
-import util
+import cli, costs, util
 from decode import check_prompt, generate
 from speculate import simsd_generate
 from spiffy import graph_path, load_graph, spiffy_generate
@@ -45,9 +45,8 @@ def check_args(spec, device, block_size, max_new_tokens, threshold, temperature,
 
 def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtype, compile,
             stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None):
-    """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), the cost
-    model in words); kw: the decoder's own (generator, on_block, SimSD's settings or
-    draft_budget, another rule)."""
+    """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), the cost model
+    in words); kw: the decoder's own (generator, on_block, SimSD's or Spiffy's settings, a rule)."""
     dtype = getattr(torch, dtype) if dtype else None
     model, tok = cli.load(target, device, dtype, stop_ids)
     rule = cli.make_rule(model, block_size, cli.default_threshold(threshold, strategy),
@@ -57,13 +56,14 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     if spec == "none":
         run = lambda ids, n, rule=rule, **kw: generate(model, ids, n, rule, **kw)
     elif spec == "simsd":
-        models.append(cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype))
-        run = lambda ids, n, rule=rule, **kw: simsd_generate(model, models[1], ids, n, rule, cost=cost, **{
-            "reference": reference or "drafter", **kw})
+        drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype)
+        run = partial(simsd_generate, model, drf, rule=rule, cost=cost, reference=reference or "drafter")
+        models += [drf] if drf else []
     else:
         g = load_graph(graph or graph_path(target, rule), rule)
         run = lambda ids, n, rule=rule, **kw: spiffy_generate(model, ids, n, rule, graph=g, cost=cost, **kw)
-    [cli.compile_model(m, compile) for m in models if m and compile]
+    for m in models if compile else ():
+        cli.compile_model(m, compile)
     return model, tok, rule, run, None if spec == "none" or verifier == "temporal" else cost_note
 
 

@@ -24,6 +24,7 @@ object. Exit status 1 if a lossless method differs from its counterpart in fp32 
 
     python bench.py --block-size 4,8,32 --prompts 40 --repeats 2 --out docs/bench.json
     python bench.py --quick                # smoke test, < 60 s on 2 CPU cores
+    python bench.py --compile both --block-size 4,8 --prompts 40   # eager and compiled rows, one run
     python bench.py --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --data gsm8k.jsonl \\
         --device cuda --dtype bfloat16 --compile --chat
 """
@@ -58,6 +59,7 @@ METHODS = ("sdar", "plain", "threshold", "simsd-gated", "simsd-lossless+threshol
 LOSSLESS = ("sdar", *(m for m in SIMSD if "lossless" in SIMSD[m].values()), "spiffy")   # exact: must equal plain
 SPECS = {"none": "threshold", "simsd": "simsd-lossless+threshold", "spiffy": "spiffy+threshold"}  # sample.py's
 ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "position order", dict(order="position")))
+COMPILED = " compiled"   # --compile both: the compiled rows' names end so
 PAIRS = {"copies": ("all copies", dict(cost=None)), "commit": ("fused commit", dict(copy_commit=False))}  # --sweep
 
 
@@ -91,8 +93,8 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     return lambda ids, n: spiffy_generate(target, ids, n, rule, graph, draft_budget, generator=seeded(), **simsd)
 
 
-def measure(plan, tasks, max_new_tokens, tok, repeats, device, compile):
-    """Warm-up timed apart (compiled: on every prompt, so that every graph is built first), then
+def measure(plan, tasks, max_new_tokens, tok, repeats, device, compiled):
+    """Warm-up timed apart (compiled(row): on every prompt, so that every graph is built first), then
     each task through every method before the next (a slow spell of a shared machine hits all
     alike). Outputs and counts from the first pass; wall time the median over repeats."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -100,7 +102,7 @@ def measure(plan, tasks, max_new_tokens, tok, repeats, device, compile):
     outs, stats = {key: [] for key in plan}, {key: [] for key in plan}
     for key, (_, run) in plan.items():
         t0 = time.perf_counter()
-        for ids, _ in tasks if compile else tasks[:1]:
+        for ids, _ in tasks if compiled(key[0]) else tasks[:1]:
             run(ids, max_new_tokens)
         warmup[key] = time.perf_counter() - t0
     graphs_after_warmup = counters["stats"]["unique_graphs"]
@@ -175,9 +177,10 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
         util.check_writable(out, "--out")
 
 
-def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, draft_budget, cost, **simsd):
+def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, draft_budget, cost, tag="", **simsd):
     """(row name, B) -> (method, runner): every method at every B; the gamma sweep and the
-    ablations as rows of their own. simsd: SimSD's settings; cost: B -> (its cost model, in words)."""
+    ablations as rows of their own; `tag` ends every row's name (" compiled"). simsd: SimSD's
+    settings; cost: B -> (its cost model, in words)."""
     plan = {}
     for B, m in ((B, m) for B in block_sizes for m in methods):
         base = parse_method(m)[0]
@@ -193,7 +196,7 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
         if base == "simsd-paper":
             variants |= {f"{m}({name})": setting for a, name, setting in ABLATIONS if a in ablate}
         for name, extra in variants.items():
-            plan[(name, B)] = (m, runner(m, tgt, drf, B, graphs, strategy=strategy, **{**own, **extra}))
+            plan[(name + tag, B)] = (m, runner(m, tgt, drf, B, graphs, strategy=strategy, **{**own, **extra}))
     return plan
 
 
@@ -203,17 +206,20 @@ def compare(plan, outputs, results, tasks, exact):
     rows, failed = [], []
     for (name, B), (m, _) in plan.items():
         base, threshold = parse_method(m)
-        plain = "threshold" if threshold else "plain"
+        tag = COMPILED * name.endswith(COMPILED)     # compared with its counterpart compiled alike
+        plain = ("threshold" if threshold else "plain") + tag
         same = [a == b for a, b in zip(outputs[(name, B)], outputs[(plain, B)])]
         rows.append(dict(method=name, block_size=B, **results[(name, B)], same_as=plain,
                          same_fraction=sum(same) / len(same)))
         if base in LOSSLESS and exact and not all(same):
             failed.append(f"{name} at B={B} differs from {plain} on {len(same) - sum(same)} prompt(s)")
     for r in rows:
-        base = {m["method"]: m for m in rows if m["block_size"] == r["block_size"]}
+        base, tag = {m["method"]: m for m in rows if m["block_size"] == r["block_size"]}, COMPILED * r["method"].endswith(COMPILED)
         for ref in ("sdar", "plain", "threshold"):
-            r[f"speedup_vs_{ref}"] = r["tokens_per_s"] / base[ref]["tokens_per_s"] if ref in base else float("nan")
-        sdar = base.get("sdar", dict(target_fwd_per_token=float("nan")))
+            r[f"speedup_vs_{ref}"] = r["tokens_per_s"] / base[ref + tag]["tokens_per_s"] if ref + tag in base else float("nan")
+        if tag:       # the same method eager, in this run
+            r["speedup_vs_eager"] = r["tokens_per_s"] / base[r["method"].removesuffix(tag)]["tokens_per_s"]
+        sdar = base.get("sdar" + tag, dict(target_fwd_per_token=float("nan")))
         r["nfe_reduction_vs_sdar"] = sdar["target_fwd_per_token"] / r["target_fwd_per_token"]
         r["fraction_of_limit"] = r["tokens_per_target_fwd"] / (r["block_size"] * (1 + r["lookahead"]))
         r["stopped_fraction"] = r["stops"].get("stop_id", 0) / len(tasks)   # the rest ran to the limit
@@ -237,7 +243,8 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
                sweep=sweep, ablate=ablate or None, draft_budget=draft_budget, **simsd_kw)
     dtype, limit_hits = getattr(torch, dtype) if dtype else None, cli.RecompileLimitHits() if compile else None
     tgt, tok, drf = cli.load_models(target, (drafter or "") if any(parse_method(m)[0] in DRAFTED for m in methods)
-                                    else None, block_sizes, device, dtype, compile, stop_ids)
+                                    else None, block_sizes, device, dtype, compile != "both" and compile, stop_ids)
+    pairs = {"": (tgt, drf), **({COMPILED: cli.compiled_copies(tgt, drf)} if compile == "both" else {})}
     kind, tasks = tasks, load_tasks(data, prompts, tok, chat, tasks)
     notes = [f"{target} has no chat_template: the prompts are in ChatML"] * (chat and tok.chat_template is None)
     graphs = graphs_for(target, tgt, lambda: calibration_prompts(data, len(tasks), tok, chat, notes), notes)
@@ -246,10 +253,15 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     # every method is compared with its plain counterpart (plain or threshold): run it too
     methods = list(methods) + [p for p in ("plain", "threshold") if p not in methods and any(
         parse_method(m)[1] == (p == "threshold") for m in methods)]
-    plan = plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy,
-                     draft_budget or DRAFT_BUDGET, cost, **{k: v for k, v in simsd_kw.items() if v is not None})
-    outputs, results, graphs_after_warmup = measure(plan, tasks, max_new_tokens, tok, repeats, device, compile)
+    plan = {k: v for tag, (t, d) in pairs.items() for k, v in plan_runs(
+        methods, block_sizes, t, d, graphs, sweep, ablate, strategy, draft_budget or DRAFT_BUDGET, cost, tag,
+        **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
+    outputs, results, graphs_after_warmup = measure(plan, tasks, max_new_tokens, tok, repeats, device,
+                                                    lambda name: compile and (compile != "both" or name.endswith(COMPILED)))
     rows, failed = compare(plan, outputs, results, tasks, exact=dtype in (None, torch.float32))
+    notes += [f"B={B} compiled x eager, tokens/s in this run: " + ", ".join(
+        f"{r['method'].removesuffix(COMPILED)} {r['speedup_vs_eager']:.2f}" for r in rows
+        if r["block_size"] == B and "speedup_vs_eager" in r) for B in block_sizes if compile == "both"]
     print("\n".join([table(rows)] + [f"{r['method']} B={r['block_size']} rounds ended: {r['round_ends']}"
                                      for r in rows if r["round_ends"]] + notes + [f"FAILED: {f}" for f in failed]))
     dynamo = limit_hits.report(counters, graphs_after_warmup) if compile else {}
@@ -279,7 +291,7 @@ def parse_args(argv=None):
     g.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens: a smoke test")
     g.add_argument("--speed-of-light", metavar="MODEL", default=None, help="instead: a random model shaped like "
                    "MODEL (a preset: sdar-8b, or a checkpoint): its forwards against the bandwidth floor (sol.py)")
-    cli.model_flags(ap)
+    cli.model_flags(ap, both=True)
     rule = ap.add_argument_group(f"decoding rule (threshold, +threshold methods: the threshold rule at {cli.THRESHOLD})")
     rule.add_argument("--strategy", default=None, choices=STRATEGIES,
                       help="SDAR strategy for every method without +threshold (default: "

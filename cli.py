@@ -3,6 +3,7 @@ loading a checkpoint (and a drafter that fits it), the decoding rule, compiling,
 grouped as --help shows them, each default defined once and each flag checked before any file
 is read. Imports point down: this module imports the decoders, none of them imports it.
 """
+import copy
 import logging
 from pathlib import Path
 
@@ -96,6 +97,15 @@ def compile_model(model, how="auto"):
         model.compile_decoding(**dict(mode="reduce-overhead") if cuda else {})
     else:
         model.compile(dynamic=True)
+
+
+def compiled_copies(*models):
+    """--compile both: a deep copy of each model (None stays None), compiled ("auto"), with its
+    own weights, cache and graphs, beside the eager original."""
+    copies = [copy.deepcopy(m) for m in models]
+    for m in filter(None, copies):
+        compile_model(m, "auto")
+    return copies
 
 
 def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
@@ -227,15 +237,17 @@ def check_reference_flags(reference, lookup_n, **drafter_flags):
 
 # ---- flags, in the groups --help shows
 
-def model_flags(ap):
+def model_flags(ap, both=False):
+    """both: --compile both too (bench.py: every method eager and compiled, in one run)."""
     g = ap.add_argument_group("model")
     g.add_argument("--target", default=str(DEFAULT_TARGET), help="target checkpoint directory (HF layout)")
     g.add_argument("--drafter", default=None, help="simsd: drafter checkpoint (default models/drafter)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     g.add_argument("--dtype", default=None, choices=DTYPES, help="weights' dtype (default float32)")
-    g.add_argument("--compile", nargs="?", const="auto", choices=COMPILE_MODES,
+    g.add_argument("--compile", nargs="?", const="auto", choices=COMPILE_MODES + ("both",) * both,
                    help="torch.compile the models: static shapes and CUDA graphs on CUDA, dynamic "
-                        "shapes on the CPU (auto), or say which")
+                        "shapes on the CPU (auto), or say which" + both * "; both: a row eager and a "
+                        "row compiled (auto) for every method, interleaved prompt by prompt")
     g.add_argument("--chat", action="store_true", help="render prompts with the checkpoint's own chat "
                    "template (tokenizer_config.json's chat_template; ChatML if it has none)")
     g.add_argument("--cost-table", default=None, help="simsd, spiffy: the cost table (costs.py) that sizes "

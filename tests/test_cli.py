@@ -135,6 +135,27 @@ def test_bench_takes_sample_py_s_spec_names(capsys):
         bench.main(methods=("none", "threshold"))
 
 
+def test_bench_compile_both_runs_every_method_eager_and_compiled_in_one_run(monkeypatch, capsys):
+    """--compile both: a row eager and a row compiled for each method (a deep copy of each model,
+    compiled: dynamo's eager backend here, to be quick), each compiled row compared with
+    threshold compiled and with its own method eager, measured in the same run."""
+    monkeypatch.setattr(bench.cli, "compile_model", lambda m, how: m.compile(dynamic=True, backend="eager"))
+    status = bench.main(**bench.parse_args(["--prompts", "2", "--max-new-tokens", "8", "--methods",
+                                            "threshold,simsd,spiffy", "--compile", "both"]))
+    out = capsys.readouterr().out
+    rec = last_json(out)
+    names = ["threshold", "simsd-lossless+threshold", "spiffy+threshold"]
+    assert status == 0 and [r["method"] for r in rec["results"]] == names + [f"{m} compiled" for m in names]
+    by = {r["method"]: r for r in rec["results"]}
+    for m in names:
+        assert "speedup_vs_eager" not in by[m] and by[m + " compiled"]["same_as"] == "threshold compiled"
+        assert by[m + " compiled"]["speedup_vs_eager"] == pytest.approx(
+            by[m + " compiled"]["tokens_per_s"] / by[m]["tokens_per_s"])
+        assert by[m + " compiled"]["nfe"] == by[m]["nfe"] and by[m + " compiled"]["same_fraction"] == 1
+    assert by["threshold compiled"]["speedup_vs_threshold"] == 1 and "B=4 compiled x eager" in out
+    assert rec["dynamo"]["graphs_after_warmup"] == 0
+
+
 def test_bench_exits_nonzero_when_a_lossless_method_differs(monkeypatch, capsys):
     real = bench.spiffy_generate
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check in one command, within 10 minutes on one GPU: the CUDA tests, the bench on the
-# embedded pair in bf16 (eager, then compiled: static shapes, CUDA graphs), the speed-of-light
-# figures of an SDAR-8B-shaped model (eager and compiled), then a summary read back from the
-# JSON files. Each phase has a time box, so a slow compile costs its own figures only. Figures
+# embedded pair in bf16 (every method eager and compiled, static shapes and CUDA graphs, in one
+# interleaved run), where a round's time goes (docs/round_costs.py, eager and compiled), the
+# speed-of-light figures of an SDAR-8B-shaped model (eager and compiled), then a summary read
+# back from the JSON files. Each phase has a time box, so a slow compile costs its own figures only. Figures
 # go to stdout and, as JSON, to ${OUT:-.}.
 #
 #   bash gpu_check.sh              # on a GPU
@@ -34,12 +35,12 @@ mkdir -p "$out" 2>/dev/null && [ -w "$out" ] || die "cannot write to OUT=$out"
 
 if [ $dry = 1 ]; then   # the flow, flags and parsing, not the figures: no GPU, no compiler
     export TORCH_COMPILE_DISABLE=1
-    dev=(--device cpu --dtype float32) sol=tiny boxed=0 bench=(--prompts 1 --max-new-tokens 8) sizes=4
+    dev=(--device cpu --dtype float32) sol=tiny boxed=0 bench=(--prompts 1 --max-new-tokens 8) sizes=4 costs=1
     tests=()
 else
     "$py" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
         || die "torch $("$py" -c 'import torch; print(torch.__version__)') sees no GPU (on a CPU: --dry-run)"
-    dev=(--device cuda --dtype bfloat16) sol=sdar-8b boxed=1 bench=(--prompts 20) sizes=4,32 tests=()
+    dev=(--device cuda --dtype bfloat16) sol=sdar-8b boxed=1 bench=(--prompts 20) sizes=4,32 costs=10 tests=()
 fi
 methods=sdar,plain,threshold,simsd-lossless+threshold,spiffy+static,spiffy+threshold
 failed=()
@@ -56,30 +57,33 @@ phase() {   # phase NAME SECONDS LOG COMMAND...: COMMAND in its time box (PHASE_
 }
 
 "$py" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
-phase tests 150 - "$py" -m pytest -q -n 0 -p no:cacheprovider tests/test_cuda.py tests/test_syncs.py "${tests[@]}"
-phase bench-eager 60 - "$py" bench.py "${dev[@]}" --block-size $sizes "${bench[@]}" --methods $methods \
-    --out "$out/gpu_bench_eager.json"
-phase bench-compiled 180 - "$py" bench.py "${dev[@]}" --compile --block-size $sizes "${bench[@]}" \
-    --methods $methods --out "$out/gpu_bench_compiled.json"
-phase sol-eager 60 "$out/gpu_sol_eager.txt" "$py" bench.py --speed-of-light $sol "${dev[@]}"
-phase sol-compiled 120 "$out/gpu_sol_compiled.txt" "$py" bench.py --speed-of-light $sol "${dev[@]}" --compile
+phase tests 120 - "$py" -m pytest -q -n 0 -p no:cacheprovider tests/test_cuda.py tests/test_syncs.py "${tests[@]}"
+phase bench 220 - "$py" bench.py "${dev[@]}" --compile both --block-size $sizes "${bench[@]}" --methods $methods \
+    --out "$out/gpu_bench.json"
+phase round-costs 40 "$out/gpu_round_costs.txt" "$py" docs/round_costs.py "${dev[@]}" --prompts $costs --block-size 4
+phase round-costs-compiled 60 "$out/gpu_round_costs_compiled.txt" "$py" docs/round_costs.py "${dev[@]}" \
+    --prompts $costs --block-size 4 --compile
+phase sol-eager 40 "$out/gpu_sol_eager.txt" "$py" bench.py --speed-of-light $sol "${dev[@]}"
+phase sol-compiled 90 "$out/gpu_sol_compiled.txt" "$py" bench.py --speed-of-light $sol "${dev[@]}" --compile
 phase summary 30 - "$py" - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-for run in ("eager", "compiled"):
-    path = out / f"gpu_bench_{run}.json"
-    if not path.is_file():
-        print(f"bench {run}: no {path.name}"); continue
+path = out / "gpu_bench.json"
+if path.is_file():
     bench = json.loads(path.read_text())
-    print(f"bench {run} ({bench['device']}, torch {bench['torch']}, {bench['date']}), "
+    print(f"bench ({bench['device']}, torch {bench['torch']}, {bench['date']}), "
           f"lossless ok: {bench['lossless_ok']}, compile: {bench['dynamo'] or '-'}")
-    rows = {(r["block_size"], r["method"]): r for r in bench["results"]}
-    for (B, m), r in rows.items():
-        thr = rows.get((B, "threshold"))
-        vs = f"{r['tokens_per_s'] / thr['tokens_per_s']:.2f}x threshold" if thr else ""
-        print(f"  B={B:<2} {m:<26} {r['tokens_per_s']:8.1f} tok/s  {vs:>16}  "
+    for r in bench["results"]:   # x threshold: against threshold compiled alike
+        eager = f"{r['speedup_vs_eager']:.2f}x eager" if "speedup_vs_eager" in r else ""
+        print(f"  B={r['block_size']:<2} {r['method']:<35} {r['tokens_per_s']:8.1f} tok/s  "
+              f"{r['speedup_vs_threshold']:.2f}x threshold  {eager:>10}  "
               f"{r['tokens_per_target_fwd']:.2f} tokens/target forward")
+else:
+    print(f"bench: no {path.name}")
+for run in ("", "_compiled"):
+    path = out / f"gpu_round_costs{run}.txt"
+    print(*path.read_text().splitlines() if path.is_file() else [f"round costs: no {path.name}"], sep="\n")
 for run in ("eager", "compiled"):
     path = out / f"gpu_sol_{run}.txt"
     lines = path.read_text().splitlines() if path.is_file() else []

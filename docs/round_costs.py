@@ -14,9 +14,16 @@ function that does it, here only: the decoders themselves time nothing.
                     Spiffy's graph (draft_copies), trajectory / lookup, the drafted states
   loop, rest        everything else: the round loop, commits, stop checks, masks, positions
 
-    python docs/round_costs.py            # B = 4 and 8, 40 problems
-    python docs/round_costs.py 20 4,8,32
+On a GPU every timed part syncs the device before it ends (else a part would own the
+kernels the parts before it launched): the shares are of a synced run, slower than bench.py's.
+The last column: a drafter forward's time against a verification (target) forward's in the
+same method, and against threshold's own target forward.
+
+    python docs/round_costs.py                    # B = 4 and 8, 40 problems, eager
+    python docs/round_costs.py --prompts 20 --block-size 4,8,32 --compile
+    python docs/round_costs.py --device cuda --dtype bfloat16 --compile   # gpu_check.sh's
 """
+import argparse
 import sys
 import time
 from collections import defaultdict
@@ -34,12 +41,20 @@ import spiffy  # noqa: E402
 import verify  # noqa: E402
 from prepare import load_tasks  # noqa: E402
 
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+ap.add_argument("--prompts", type=int, default=40)
+ap.add_argument("--block-size", default="4,8")
+ap.add_argument("--device", default="cpu")
+ap.add_argument("--dtype", default=None, choices=cli.DTYPES)
+ap.add_argument("--compile", nargs="?", const="auto", choices=cli.COMPILE_MODES)
+args = ap.parse_args()
 torch.set_num_threads(2)
-n = int(sys.argv[1]) if len(sys.argv) > 1 else 40
-sizes = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "4,8").split(",")]
-target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", sizes)
+n, sizes = args.prompts, [int(b) for b in args.block_size.split(",")]
+sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", sizes, args.device,
+                                       getattr(torch, args.dtype) if args.dtype else None, args.compile)
 prompts = [ids for ids, _ in load_tasks(None, n, tok, False)]
-T, stack, where = defaultdict(float), [], [""]
+T, N, stack, where = defaultdict(float), defaultdict(int), [], [""]
 
 
 def timed(owner, name, key):
@@ -52,8 +67,10 @@ def timed(owner, name, key):
         try:
             return f(*a, **k)
         finally:
-            took, inner = time.perf_counter() - t0, stack.pop()
-            T[(where[0], key(a) if callable(key) else key)] += took - inner
+            sync()
+            took, inner, part = time.perf_counter() - t0, stack.pop(), key(a) if callable(key) else key
+            T[(where[0], part)] += took - inner
+            N[(where[0], part)] += 1
             if stack:
                 stack[-1] += took
     setattr(owner, name, wrapped)
@@ -88,16 +105,23 @@ for B in sizes:
         for ids in prompts:
             for name, run in methods.items():
                 where[0] = name
+                sync()
                 t0 = time.perf_counter()
                 out, _ = run(ids)
+                sync()
                 total[name] += 0 if warm else time.perf_counter() - t0
                 tokens[name] += 0 if warm else len(out)
-    print(f"B = {B}, {n} problems: each part's share of decode time (ms a token in all)")
+    print(f"B = {B}, {n} problems, {'compiled' if args.compile else 'eager'}: each part's share of "
+          f"decode time (ms a token in all; a drafter forward x a target forward)")
     print(f"{'':14s}" + "".join(f"{p:>17s}" for p in PARTS) + f"{'loop, rest':>12s}"
-          f"{'outside forwards':>18s}{'ms/token':>10s}")
+          f"{'outside forwards':>18s}{'ms/token':>10s}{'drafter fwd x':>15s}")
+    per = lambda name, p: T[(name, p)] / max(N[(name, p)], 1)   # noqa: E731  seconds a call
     for name in methods:
         share = {p: T[(name, p)] / total[name] for p in PARTS}
         rest = 1 - sum(share.values())
         outside = 1 - share["target forwards"] - share["drafter forwards"]
         print(f"{name:14s}" + "".join(f"{share[p]:17.1%}" for p in PARTS) + f"{rest:12.1%}"
-              f"{outside:18.1%}{1e3 * total[name] / tokens[name]:10.3f}")
+              f"{outside:18.1%}{1e3 * total[name] / tokens[name]:10.3f}" + (
+                  f"{per(name, 'drafter forwards') / per(name, 'target forwards'):8.2f} / "
+                  f"{per(name, 'drafter forwards') / per('threshold', 'target forwards'):.2f}"
+                  if N[(name, "drafter forwards")] else ""))

@@ -10,7 +10,7 @@ import sys
 
 from conftest import ROOT
 
-PHASES = ["tests", "bench-eager", "bench-compiled", "sol-eager", "sol-compiled", "summary"]
+PHASES = ["tests", "bench", "round-costs", "round-costs-compiled", "sol-eager", "sol-compiled", "summary"]
 
 
 def gpu_check(*flags, **env):
@@ -25,11 +25,14 @@ def test_the_dry_run_goes_through_every_phase_and_summarises_its_files(tmp_path)
             if line.startswith("=== ") and ": exit 0 after" in line]
     assert done == PHASES
     assert run.stdout.rstrip().endswith("gpu_check: every phase passed")
-    for name in ("gpu_bench_eager.json", "gpu_bench_compiled.json", "gpu_sol_eager.txt", "gpu_sol_compiled.txt"):
+    for name in ("gpu_bench.json", "gpu_round_costs.txt", "gpu_round_costs_compiled.txt", "gpu_sol_eager.txt",
+                 "gpu_sol_compiled.txt"):
         assert (tmp_path / name).stat().st_size > 0
     summary = run.stdout.split("=== summary (")[1]
-    assert "B=4  spiffy+threshold" in summary and "1.00x threshold" in summary   # rows read back
-    assert summary.count("lossless ok: True") == 2
+    assert "B=4  spiffy+threshold " in summary and "1.00x threshold" in summary   # rows read back
+    assert "B=4  spiffy+threshold compiled" in summary and "x eager" in summary
+    assert summary.count("lossless ok: True") == 1
+    assert summary.count("--spec spiffy ") == 2 and "B = 4, 1 problems, compiled" in summary   # round costs
     assert summary.count("decode forward B= 4") == 4       # two sol runs, two B = 4 rows each
 
 
@@ -43,7 +46,7 @@ def test_a_failed_phase_is_named_and_fails_the_check(tmp_path):
     assert run.returncode == 1
     assert [line.split()[1].rstrip(":") for line in run.stdout.splitlines()
             if line.startswith("=== ") and ": exit 7 after" in line] == PHASES
-    assert run.stdout.rstrip().endswith("gpu_check: 6 phase(s) failed: " + " ".join(f"{p} (exit 7)" for p in PHASES))
+    assert run.stdout.rstrip().endswith("gpu_check: 7 phase(s) failed: " + " ".join(f"{p} (exit 7)" for p in PHASES))
 
 
 def test_a_phase_past_its_time_box_is_stopped_and_named(tmp_path):
@@ -54,7 +57,7 @@ def test_a_phase_past_its_time_box_is_stopped_and_named(tmp_path):
     sleepy.chmod(0o755)
     run = gpu_check("--dry-run", OUT=str(tmp_path), PYTHON=str(sleepy), PHASE_LIMIT="1")
     assert run.returncode == 1 and "=== tests (at most 1 s)" in run.stdout
-    assert run.stdout.rstrip().endswith("gpu_check: 6 phase(s) failed: " + " ".join(
+    assert run.stdout.rstrip().endswith("gpu_check: 7 phase(s) failed: " + " ".join(
         f"{p} (exit 124, timed out)" for p in PHASES))
 
 
@@ -63,7 +66,7 @@ def test_the_dry_run_has_no_time_box(tmp_path):
     failing.write_text('#!/bin/sh\ncase "$1" in -c) exit 0;; esac\nexit 7\n')
     failing.chmod(0o755)
     run = gpu_check("--dry-run", OUT=str(tmp_path), PYTHON=str(failing))
-    assert "=== bench-eager (no time box)" in run.stdout and "at most" not in run.stdout
+    assert "=== bench (no time box)" in run.stdout and "at most" not in run.stdout
 
 
 def test_bad_input_is_one_line(tmp_path):

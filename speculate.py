@@ -31,7 +31,7 @@ import torch
 
 import mask as masks
 from decode import (DecodeRule, Session, check_prompt, packed_index, prompt_list, round_loop,
-                    stop_ids)
+                    stop_ids, to_device, to_host)
 from drafts import LOOKUP_N, REFERENCES, Draft, lookup_draft, point, trajectory, worth_verifying
 from simsd_paper import GATE, accept_gated, accept_paper, copies_round, temporal_round
 from verify import lossless_round, no_extra
@@ -55,36 +55,37 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
     verifying (worth_verifying): they would be drafted for nothing, and later drafts, each
     less likely, pay less still."""
     B, block, rows, per_block, base, chance = rule.block_size, block.clone(), [], [0], None, []
-    left = min(gamma, int((block == rule.mask_id).sum()) + lookahead * B)
+    masked = [i for i, t in enumerate(to_host(block)[0]) if t == rule.mask_id]   # on the host
+    left = min(gamma, len(masked) + lookahead * B)
     while left > 0:
-        masked = (block == rule.mask_id).nonzero().squeeze(-1)       # (m,): the rows read
-        if not len(masked):                                          # drafted whole: on, ahead
-            if len(per_block) > lookahead or stops and stops.intersection(block.tolist()):
+        if not masked:                                               # drafted whole: on, ahead
+            if len(per_block) > lookahead or stops and stops.intersection(to_host(block)[0]):
                 break
             base = sess.committed if base is None else base
             sess.commit(block)                                       # tentatively
-            block, pos = torch.full_like(block, rule.mask_id), pos + B
-            masked, _ = torch.arange(B, device=block.device), per_block.append(0)
-        logits = sess.forward(block, pos, lambda c, k: masks.block_causal(B, c), keep=B,
-                              rows=masked)
-        p = rule.probs(logits)                                       # (m, V)
-        conf = rule.top_confidence(logits)
-        conf, order = conf.sort(descending=True, stable=True)
-        sure = 1 + int((conf[1:] > draft_threshold).sum()) if draft_threshold else 1
-        take = order[:min(sure, left)]
-        tok = p[take].argmax(-1) if rule.temperature == 0 else \
-            torch.multinomial(p[take], 1, generator=generator).squeeze(-1)
-        block[masked[take]] = tok
-        rows.append((masked[take] + B * (len(per_block) - 1), tok, p[take]))
-        per_block[-1] += len(take)
-        left -= len(take)
+            block, pos, masked = torch.full_like(block, rule.mask_id), pos + B, list(range(B))
+            per_block.append(0)
+        at = to_device(masked, block.device)                         # (m,): the rows read
+        logits = sess.forward(block, pos, lambda c, k: masks.block_causal(B, c), keep=B, rows=at)
+        conf, order = rule.top_confidence(logits).sort(descending=True, stable=True)
+        conf, order_h = to_host(conf, order)                         # the one sync a step
+        n = min(1 + sum(c > draft_threshold for c in conf[1:]) if draft_threshold else 1, left)
+        take = order[:n]
+        p = rule.probs(logits[take])                                 # (n, V): the drafted rows
+        tok = p.argmax(-1) if rule.temperature == 0 else \
+            torch.multinomial(p, 1, generator=generator).squeeze(-1)
+        block[at[take]] = tok
+        rows.append((at[take] + B * (len(per_block) - 1), tok, p))
+        drafted = set(order_h[:n])
+        masked = [i for j, i in enumerate(masked) if j not in drafted]
+        per_block[-1] += n
+        left -= n
         if cost:
             last = chance[-1] if chance else 1.0
-            p_tok = p[take].gather(-1, tok[:, None]).squeeze(-1)
-            chance += [last * c for c in p_tok.cumprod(0).tolist()]
+            chance += [last * c for c in p.gather(-1, tok[:, None]).squeeze(-1).cumprod(0).tolist()]
             if worth_verifying(chance, per_block, cost) < len(chance):
                 break
-        if draft_stop and len(take) < len(conf) and conf[len(take)] < draft_stop:
+        if draft_stop and n < len(conf) and conf[n] < draft_stop:
             break
     if base is not None:                                             # roll the cache back
         sess.committed, sess.pending = base, None

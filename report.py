@@ -126,7 +126,6 @@ def report(target_dir="models/target", drafter_dir="models/drafter", data_dir="d
 
 
 if __name__ == "__main__":
-    import argparse
     import util
     ap = util.ArgumentParser(description="The quality figures of a target/drafter pair "
                              "(python train.py --report: the embedded pair).")

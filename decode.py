@@ -89,10 +89,23 @@ class DecodeRule:
                 }.get(self.strategy, self.strategy)
         sampled = f", temperature {self.temperature:g}" if self.temperature else ", greedy"
         return f"{name}, B={self.block_size}{sampled}"
+    def scaled(self, logits):
+        """(n, V) logits -> [logits, version, logits / temperature in fp32, their logsumexp,
+        probs or None], computed once for one logits tensor: the rule, the walk's hint and
+        Spiffy's ranks all read the same forward's (a tensor changed in place is read anew)."""
+        memo = self.__dict__.get("_memo")
+        if memo is None or memo[0] is not logits or memo[1] != logits._version:
+            scaled = logits.float() / (self.temperature or 1.0)
+            memo = self.__dict__["_memo"] = [logits, logits._version, scaled, scaled.logsumexp(-1), None]
+        return memo
+
     def probs(self, logits):
         """(n, V) logits -> (n, V) fp32 distribution tokens are drawn from: temperature, the
         mask token removed (revealing a mask would reveal nothing), then top-k and top-p."""
-        logits = logits.float() / (self.temperature or 1.0)
+        memo = self.scaled(logits)
+        if memo[4] is not None:
+            return memo[4]
+        logits = memo[2].clone()
         logits[:, self.mask_id] = -math.inf
         if self.top_k is not None:
             kth = logits.topk(min(self.top_k, logits.shape[-1])).values[:, -1:]
@@ -102,27 +115,28 @@ class DecodeRule:
             cum = sorted_logits.softmax(-1).cumsum(-1)
             drop = cum - sorted_logits.softmax(-1) >= self.top_p   # keep the smallest nucleus
             logits = logits.masked_fill(drop.scatter(-1, order, drop), -math.inf)
-        return logits.softmax(-1)
+        memo[4] = logits.softmax(-1)
+        return memo[4]
 
     def confidence(self, logits, tokens):
         """SDAR's confidence of (n,) tokens under (n, V) logits: their probability under the
         temperature-scaled softmax over the whole vocabulary, before top-k / top-p."""
-        scaled = logits.float() / (self.temperature or 1.0)       # no (n, V) softmax needed
-        return (scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(-1)).exp()
+        _, _, scaled, lse, _ = self.scaled(logits)                # no (n, V) softmax needed
+        return (scaled.gather(-1, tokens[:, None]).squeeze(-1) - lse).exp()
 
     def top_confidence(self, logits):
         """(n,) SDAR's confidence of each row's most likely non-mask token (top-k and top-p
         always keep it), without building the filtered distribution."""
-        scaled = logits.float() / (self.temperature or 1.0)         # a copy: masked in place
-        lse = scaled.logsumexp(-1)
+        _, _, scaled, lse, _ = self.scaled(logits)
+        scaled = scaled.clone()                  # masked in place
         scaled[..., self.mask_id] = -math.inf    # (a scalar index: no host-to-device copy)
         return (scaled.amax(-1) - lse).exp()     # (amax: max without indices, several x faster)
 
     def best(self, logits):
         """(n,) each row's most likely non-mask token and its confidence (top_confidence's), in
         one pass over the logits (top-k and top-p never drop the most likely token)."""
-        scaled = logits.float() / (self.temperature or 1.0)
-        lse = scaled.logsumexp(-1)
+        _, _, scaled, lse, _ = self.scaled(logits)
+        scaled = scaled.clone()
         scaled[..., self.mask_id] = -math.inf
         top, tokens = scaled.max(-1)
         return tokens, (top - lse).exp()

@@ -158,3 +158,17 @@ def test_packed_logits_step_as_every_positions_logits_do(strategy, temperature):
             assert torch.equal(packed, full) and (full != states[b]).any()
         if rule.stateless:
             assert torch.equal(rule(logits[states == MASK], states, 1), rule(logits, states, 1))
+
+
+def test_a_forwards_logits_are_scored_once_and_a_tensor_changed_in_place_anew():
+    """The rule, the walk's hint and Spiffy's ranks read the same logits: the softmax and the
+    logsumexp are computed once for one tensor, and again once that tensor changes in place."""
+    rule, x = DecodeRule(3, 4, temperature=0.7, top_k=5), torch.randn(6, 11, generator=torch.Generator().manual_seed(0))
+    fresh = lambda t: DecodeRule(3, 4, temperature=0.7, top_k=5).probs(t.clone())   # noqa: E731
+    p = rule.probs(x)
+    assert rule.probs(x) is p and torch.equal(p, fresh(x))
+    tokens = p.argmax(-1)
+    assert torch.allclose(rule.confidence(x, tokens), (x / 0.7).softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
+    x[0, 5] += 4.0
+    assert torch.equal(rule.probs(x), fresh(x)) and not torch.equal(rule.probs(x), p)
+    assert torch.equal(rule.top_confidence(x), rule.best(x)[1])

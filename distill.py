@@ -99,9 +99,9 @@ class Examples:
         return x, keep, torch.ones(batch_size, L)
 
 
-def main(target=cli.DEFAULT_TARGET, drafter=cli.DEFAULT_DRAFTER, prompts=None, out=None, chat=False,
-         max_new_tokens=256, iters=600, batch_size=16, lr=2e-4, warmup=20, distill_weight=0.5,
-         eval_every=100, seed=1337, device="cpu", threads=None, resume=False, held_out=0.05):
+def main(target=cli.DEFAULT_TARGET, drafter=cli.DEFAULT_DRAFTER, prompts=None, out=None, chat=False, max_new_tokens=256,
+         iters=600, batch_size=16, lr=2e-4, warmup=20, distill_weight=0.5, eval_every=100, seed=1337,
+         device="cpu", threads=None, resume=False, held_out=0.05, teacher_order=False):
     check_args(iters, batch_size, lr, distill_weight, max_new_tokens, eval_every)
     cli.check_device(device)
     if prompts is None or out is None:
@@ -141,7 +141,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=cli.DEFAULT_DRAFTER, prompts=None, o
     t0 = time.time()
     fit(model.train(), opt, Examples(train, model.config.eos_token_id, seed + start), log, evaluate,
         save, start, iters, lr, warmup, batch_size, 1.0, eval_every, seed, True, weights,
-        (teacher, distill_weight))
+        (teacher, distill_weight, teacher_order))
     save(iters)
     checkpoint.save_pretrained(model, out, torch.float16 if device == "cpu" else torch.bfloat16)
     for f in Path(drafter).iterdir():
@@ -170,4 +170,6 @@ if __name__ == "__main__":
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--teacher-order", action="store_true", help="mask each block's positions the target is "
+                    "least sure of (its decoding states), not random ones")
     util.run(lambda: main(**vars(ap.parse_args())))

@@ -14,6 +14,7 @@ train.py trains with and report.py evaluates with.
 References: BD3-LM (Arriola et al., block discrete denoising diffusion), SDAR (JetLM); token-level
 knowledge distillation of drafters: DistillSpec (Zhou et al., 2023).
 """
+import math
 from pathlib import Path
 
 import numpy as np
@@ -96,32 +97,41 @@ def entity_ids(tok):
     return np.array(sorted({i for words in ENTITIES.values() for w in words for i in tok.encode(" " + w)}))
 
 
-def noise(x0, block_size, mask_id, generator, keep=None, eps=1e-3):
+def noise(x0, block_size, mask_id, generator, keep=None, eps=1e-3, order=None):
     """x_t: mask each token of each block with that block's t ~ U(eps, 1), never where `keep`
-    is True. The draws are made on x0's device, so `generator` must live there too."""
+    is True. order: (b, L) scores; then a block's masked positions are its round(t B) lowest
+    scored, at least one (a decoder's state: what it reveals last is still masked). The
+    draws are made on x0's device, so `generator` must live there too."""
     b, L = x0.shape
     if L % block_size:
         raise ValueError(f"sequence length {L} is not a multiple of the block size {block_size}")
     t = torch.rand(b, L // block_size, 1, generator=generator, device=x0.device) * (1 - eps) + eps
-    t = t.expand(-1, -1, block_size).reshape(b, L)
-    masked = torch.rand(b, L, generator=generator, device=x0.device) < t
+    if order is not None:     # rank within its block, lowest score first, against t's share
+        rank = order.view(b, -1, block_size).argsort(-1).argsort(-1)
+        masked = (rank < (t * block_size).round().clamp(min=1)).view(b, L)
+    else:
+        masked = torch.rand(b, L, generator=generator, device=x0.device) < t.expand(-1, -1, block_size).reshape(b, L)
     if keep is not None:
         masked &= ~keep
     return torch.where(masked, mask_id, x0), masked
 
 
-def noised_forward(model, x0, block_size, generator, keep=None):
+def noised_forward(model, x0, block_size, generator, keep=None, teacher_order=None):
     """x_t drawn from x0 (noise), then model's logits at the x_t rows of [x_t ; x_0] under the
     BD3-LM mask. -> (logits (b, L, V), masked (b, L), run): run(other) gives another model's
     logits on exactly the same input (the teacher's in distill_loss)."""
-    L = x0.shape[1]
-    xt, masked = noise(x0, block_size, model.config.mask_token_id, generator, keep)
+    L, mask_id = x0.shape[1], model.config.mask_token_id
     pos = torch.arange(L, device=x0.device).repeat(2)
     to_mask = masks.block_mask if x0.is_cuda else masks.dense_mask  # CPU flex has no backward
     mask = to_mask(masks.bd3lm_training(block_size, L), 2 * L, 2 * L, x0.device)
-    inp = torch.cat([xt, x0], 1)
-    run = lambda m: m(inp, pos, mask=mask)[:, :L]
-    return run(model), masked, run
+    run = lambda m, xt: m(torch.cat([xt, x0], 1), pos, mask=mask)[:, :L]   # noqa: E731
+    order = None
+    if teacher_order is not None:   # its confidence in x0 with the answer masked; the prompt last
+        with torch.no_grad():
+            logits = run(teacher_order, x0.masked_fill(~keep, mask_id)).float()
+            order = logits.log_softmax(-1).gather(-1, x0[..., None]).squeeze(-1).masked_fill(keep, math.inf)
+    xt, masked = noise(x0, block_size, mask_id, generator, keep, order=order)
+    return run(model, xt), masked, lambda m: run(m, xt)
 
 
 def cross_entropy(logits, x0, masked, weight=None):
@@ -145,12 +155,13 @@ def kl(teacher_logits, logits):
     return F.kl_div(q, p, reduction="none", log_target=True).sum(-1).mean()
 
 
-def distill_loss(model, teacher, x0, block_size, generator, keep=None, weight=None, distill_weight=1.0):
+def distill_loss(model, teacher, x0, block_size, generator, keep=None, weight=None, distill_weight=1.0,
+                 ordered=False):
     """Token-level distillation on bd3lm_loss's input: the frozen teacher reads the same
     [x_t ; x_0] (no grad) and the loss on the masked positions of x_t is (1 - w) * the
     (weighted) cross-entropy to x_0 + w * KL(p_teacher || p_model), the KL unweighted: its
     gradient is the cross-entropy's to the teacher's softmax. -> (loss, KL), the KL detached."""
-    logits, masked, run = noised_forward(model, x0, block_size, generator, keep)
+    logits, masked, run = noised_forward(model, x0, block_size, generator, keep, teacher if ordered else None)
     with torch.no_grad():
         teacher_logits = run(teacher)[masked]
     div = kl(teacher_logits, logits[masked])

@@ -305,7 +305,7 @@ def fit(model, opt, batches, log, evaluate, save, start, iters, lr, warmup, batc
         with torch.autocast(dev.type, dtype=torch.bfloat16):   # dev: cpu or cuda (check_device)
             x0, keep, weight = batches(batch_size)
             args = (x0.to(dev), B, g, keep.to(dev), weight.to(dev))
-            loss, kl = (distill_loss(model, distill[0], *args, distill_weight=distill[1]) if distill
+            loss, kl = (distill_loss(model, distill[0], *args, distill_weight=distill[1], ordered=distill[2:] == (True,)) if distill
                         else (bd3lm_loss(model, *args), None))
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 import checkpoint
+import mask as masks
 import objective
 import train
 import util
@@ -249,3 +250,32 @@ def test_distill_py_refuses_a_target_of_another_vocabulary(tmp_path):
     with pytest.raises(ValueError, match="tokenizer|vocabulary"):
         distill.main(target=target, drafter=drafter, prompts=prompts_file(tmp_path), out=tmp_path / "o")
     assert not (tmp_path / "o" / "answers.jsonl").exists()
+
+
+def test_teacher_ordered_noise_masks_what_the_target_is_least_sure_of():
+    """distill.py --teacher-order: a block's masked positions are its round(t B) (at least one)
+    the target is least sure of with the whole answer masked, as in its own decoding states
+    (what it reveals last is still masked); the prompt is never masked; without an order the
+    draws are the random ones, unchanged."""
+    g = lambda: torch.Generator().manual_seed(3)   # noqa: E731
+    teacher = make_model(n_layer=1, seed=0, gain=2.0, vocab=97)
+    x0 = torch.randint(4, 97, (3, 32), generator=g())
+    keep = torch.zeros(3, 32, dtype=torch.bool)
+    keep[:, :6] = True
+    for B in (4, 8):
+        _, masked, _ = objective.noised_forward(teacher, x0, B, g(), keep, teacher_order=teacher)
+        with torch.no_grad():                        # the target with the whole answer masked
+            mask = masks.dense_mask(masks.bd3lm_training(B, 32), 64, 64, "cpu")
+            conf = teacher(torch.cat([x0.masked_fill(~keep, 3), x0], 1), torch.arange(32).repeat(2), mask=mask)
+        conf = conf[:, :32].log_softmax(-1).gather(-1, x0[..., None]).squeeze(-1).masked_fill(keep, math.inf)
+        t = torch.rand(3, 32 // B, 1, generator=g()) * (1 - 1e-3) + 1e-3
+        for b in range(3):
+            for k in range(32 // B):
+                at = slice(k * B, (k + 1) * B)
+                lowest = conf[b, at].argsort()[:max(1, round(float(t[b, k, 0]) * B))]
+                want = torch.zeros(B, dtype=torch.bool).index_fill_(0, lowest, True) & ~keep[b, at]
+                assert torch.equal(masked[b, at], want), (B, b, k)
+        assert not masked[keep].any() and masked.any()
+    _, masked, _ = objective.noised_forward(teacher, x0, 4, g(), keep)
+    t = (torch.rand(3, 8, 1, generator=(r := g())) * (1 - 1e-3) + 1e-3).expand(-1, -1, 4).reshape(3, 32)
+    assert torch.equal(masked, (torch.rand(3, 32, generator=r) < t) & ~keep)

@@ -96,7 +96,8 @@ class DecodeRule:
         memo = self.__dict__.get("_memo")
         if memo is None or memo[0] is not logits or memo[1] != logits._version:
             scaled = logits.float() / (self.temperature or 1.0)
-            memo = self.__dict__["_memo"] = [logits, logits._version, scaled, scaled.logsumexp(-1), None]
+            memo = [logits, logits._version, scaled, scaled.logsumexp(-1), None]
+            self.__dict__["_memo"] = memo
         return memo
 
     def probs(self, logits):

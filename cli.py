@@ -87,7 +87,7 @@ def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=
 
 def compile_model(model, how="auto"):
     """--compile: "static" shapes (model.compile_decoding; CUDA graphs on CUDA), or one
-    "dynamic"-shape graph (model.compile(dynamic=True)); "auto": static on CUDA, dynamic on
+    "dynamic"-shape graph (model.compile_dynamic); "auto": static on CUDA, dynamic on
     the CPU (faster there: docs/results.md, "Compiled decoding")."""
     how = "auto" if how is True else how
     if how not in COMPILE_MODES:
@@ -96,7 +96,7 @@ def compile_model(model, how="auto"):
     if how == "static" or (how == "auto" and cuda):
         model.compile_decoding(**dict(mode="reduce-overhead") if cuda else {})
     else:
-        model.compile(dynamic=True)
+        model.compile_dynamic()
 
 
 def compiled_copies(*models):

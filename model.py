@@ -256,12 +256,22 @@ class Transformer(nn.Module):
         """Compile the decode forwards with static shapes: decode.Session pads the queries to
         a few bucket lengths and passes the cache row as a device tensor, and attention spans
         the whole cache, so each bucket compiles once; with mode="reduce-overhead" on CUDA
-        each is replayed as a CUDA graph. The mask (a BlockMask on CUDA) is built inside.
-        Changes nothing process-wide: the graphs-per-function limit is raised to 64 (room for
-        a graph per bucket (5) and mask kind (3); dynamo's default is 8) only while this
-        trunk runs, which is when dynamo compiles it."""
-        cfg = torch._dynamo.config
-        name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        each is replayed as a CUDA graph. The mask (a BlockMask on CUDA) is built inside."""
         # unbound (called with the model), so that a deep copy runs its own weights and cache
-        trunk = torch.compile(type(self).trunk, dynamic=False, **options)
-        self.static_trunk = cfg.patch(**{name: max(getattr(cfg, name), 64)})(trunk)
+        self.static_trunk = many_graphs(torch.compile(type(self).trunk, dynamic=False, **options))
+
+    def compile_dynamic(self, **options):
+        """Compile the forward once for dynamic shapes (the CPU's --compile): a graph per mask
+        kind (block-causal, copies, temporal) and model, not per length."""
+        self.forward = many_graphs(torch.compile(self.forward, dynamic=True, **options))
+
+
+def many_graphs(compiled, n=64):
+    """Dynamo keeps at most 8 graphs per function, counted per code object: the target and the
+    drafter share Transformer.forward, and each mask kind is a graph of its own, so a SimSD
+    run needs more; past the limit dynamo runs the function EAGER from then on and says so only
+    in its log. This raises the limit to n only while `compiled` runs (when dynamo compiles
+    it): nothing changes process-wide."""
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    return cfg.patch(**{name: max(getattr(cfg, name), n)})(compiled)

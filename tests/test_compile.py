@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from cli import RecompileLimitHits
 from conftest import make_model
 from decode import DecodeRule, generate
 from model import PRESETS
@@ -54,10 +55,13 @@ def test_compiled_decoding_does_not_recompile_after_warm_up(method, static):
     counters.clear()
     ct, cd = copy.deepcopy(target), copy.deepcopy(drafter)
     for m in ct, cd:
-        m.compile_decoding(backend="eager") if static else m.compile(dynamic=True, backend="eager")
+        m.compile_decoding(backend="eager") if static else m.compile_dynamic(backend="eager")
+    hits = RecompileLimitHits()          # past dynamo's limit a "compiled" run is eager
     compiled = [run(ct, cd, prompt(n)) for n in lengths[:2]]        # warm-up
     graphs = counters["stats"]["unique_graphs"]
     compiled += [run(ct, cd, prompt(n)) for n in lengths[2:]]
+    logging.getLogger("torch._dynamo").removeHandler(hits)
+    assert not hits.hits
     if static:    # 5 buckets x mask kinds: block-causal, + copies (target), + drafter's block-causal
         assert counters["stats"]["unique_graphs"] <= 5 * {"simsd": 3, "simsd-temporal": 3, "spiffy": 2}.get(method, 1)
     else:
@@ -67,7 +71,6 @@ def test_compiled_decoding_does_not_recompile_after_warm_up(method, static):
 
 def test_the_bench_sees_dynamo_fall_back_to_eager():
     """Past the recompile limit dynamo silently runs eager; bench.py must notice."""
-    from cli import RecompileLimitHits
     torch._dynamo.reset()
     hits = RecompileLimitHits()
     cfg = torch._dynamo.config
@@ -78,3 +81,22 @@ def test_the_bench_sees_dynamo_fall_back_to_eager():
             double(torch.ones(n))
     logging.getLogger("torch._dynamo").removeHandler(hits)
     assert len(hits.hits) == 1 and "hit config" in hits.hits[0]
+
+
+@pytest.mark.parametrize("compile_", ["compile_dynamic", "torch"])
+def test_dynamic_compiling_keeps_every_graph_of_a_bench_run(compile_):
+    """A bench run decodes with one compiled target and drafter at B = 4, 8 and 32: a graph per
+    mask kind, block size (a constant the mask captures) and model, more than dynamo's 8 per
+    function, which the two models share. compile_dynamic keeps every one compiled; plain
+    torch.compile runs the rest eager, which only dynamo's log says (the reason for it)."""
+    target, drafter = make_model(n_layer=2, seed=0), make_model(n_layer=1, seed=5)
+    torch._dynamo.reset()
+    for m in target, drafter:
+        m.compile_dynamic(backend="eager") if compile_ == "compile_dynamic" else m.compile(dynamic=True, backend="eager")
+    hits = RecompileLimitHits()
+    for b in (4, 8, 32):
+        rule = DecodeRule(MASK_ID, b, strategy="low_confidence_dynamic", threshold=0.6)
+        for n in (3, 9):
+            simsd_generate(target, drafter, prompt(n), 2 * b, rule, eos_id=-1, lookahead=1)
+    logging.getLogger("torch._dynamo").removeHandler(hits)
+    assert bool(hits.hits) == (compile_ == "torch")

@@ -57,7 +57,7 @@ def test_compiled_decoding_on_cuda_equals_eager():
     model = make_model(block_size=B).cuda()
     rule = DecodeRule(MASK_ID, B)
     eager = [generate(model, p, 24, rule, eos_id=-1)[0] for p in prompts()]
-    model.compile(dynamic=True)
+    model.compile_dynamic()
     assert [generate(model, p, 24, rule, eos_id=-1)[0] for p in prompts()] == eager
 
 

@@ -94,17 +94,18 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
 
 
 def measure(plan, tasks, max_new_tokens, tok, repeats, device, compiled):
-    """Warm-up timed apart (compiled(row): on every prompt, so that every graph is built first), then
-    each task through every method before the next (a slow spell of a shared machine hits all
-    alike). Outputs and counts from the first pass; wall time the median over repeats."""
+    """Warm-up timed apart (compiled(row): every prompt, twice over the rows, so that every graph
+    is built first: a later row may grow a model's cache, and a graph is built for its size),
+    then each task through every method before the next (a slow spell of a shared machine hits
+    all alike). Outputs and counts from the first pass; wall time the median over repeats."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    warmup, walls = {}, {key: [0.0] * repeats for key in plan}
+    warmup, walls = Counter(), {key: [0.0] * repeats for key in plan}
     outs, stats = {key: [] for key in plan}, {key: [] for key in plan}
-    for key, (_, run) in plan.items():
+    for key, (_, run) in [*plan.items(), *((k, r) for k, r in plan.items() if compiled(k[0]))]:
         t0 = time.perf_counter()
         for ids, _ in tasks if compiled(key[0]) else tasks[:1]:
             run(ids, max_new_tokens)
-        warmup[key] = time.perf_counter() - t0
+        warmup[key] += time.perf_counter() - t0
     graphs_after_warmup = counters["stats"]["unique_graphs"]
     for r in tqdm(range(repeats * len(tasks)), desc="bench (prompts)", file=sys.stderr):
         ids = tasks[r % len(tasks)][0]

@@ -248,7 +248,7 @@ class Transformer(nn.Module):
         same product, but MKL's x @ W^T is slow there (at 151,936 x 256, 10 rows take twice as
         long as 16; at 2,048 x 256 the plain form is the faster; docs/results.md)."""
         w, rows = self.lm_head.weight, x.shape[:-1].numel()
-        if x.is_cuda or not 4 <= rows < 16 or len(w) < 65536:
+        if x.is_cuda or len(w) < 65536 or not 4 <= rows < 16:   # (rows last: no guard on it)
             return F.linear(x, w).float()
         return (w @ x.reshape(rows, -1).T).T.contiguous().view(*x.shape[:-1], -1).float()
 

@@ -138,15 +138,18 @@ def test_bench_takes_sample_py_s_spec_names(capsys):
 def test_bench_compile_both_runs_every_method_eager_and_compiled_in_one_run(monkeypatch, capsys):
     """--compile both: a row eager and a row compiled for each method (a deep copy of each model,
     compiled: dynamo's eager backend here, to be quick), each compiled row compared with
-    threshold compiled and with its own method eager, measured in the same run."""
+    threshold compiled and with its own method eager, measured in the same run. B = 32's rows
+    grow the caches past what B = 4's were compiled for: the warm-up builds those graphs too."""
     monkeypatch.setattr(bench.cli, "compile_model", lambda m, how: m.compile_dynamic(backend="eager"))
     status = bench.main(**bench.parse_args(["--prompts", "2", "--max-new-tokens", "8", "--methods",
-                                            "threshold,simsd,spiffy", "--compile", "both"]))
+                                            "threshold,simsd,spiffy", "--compile", "both",
+                                            "--block-size", "4,32"]))
     out = capsys.readouterr().out
     rec = last_json(out)
     names = ["threshold", "simsd-lossless+threshold", "spiffy+threshold"]
-    assert status == 0 and [r["method"] for r in rec["results"]] == names + [f"{m} compiled" for m in names]
-    by = {r["method"]: r for r in rec["results"]}
+    rows = [(r["method"], r["block_size"]) for r in rec["results"]]
+    assert status == 0 and rows == [(m + c, b) for c in ("", " compiled") for b in (4, 32) for m in names]
+    by = {r["method"]: r for r in rec["results"] if r["block_size"] == 4}
     for m in names:
         assert "speedup_vs_eager" not in by[m] and by[m + " compiled"]["same_as"] == "threshold compiled"
         assert by[m + " compiled"]["speedup_vs_eager"] == pytest.approx(

@@ -29,8 +29,7 @@ class CompiledRule(decode.DecodeRule):
         return step(self, logits, block, at_step, generator)
 
 
-rules = {"rule eager": rule,
-         "rule compiled": CompiledRule(**{f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)})}
+rules = {"rule eager": rule, "rule compiled": CompiledRule(**dataclasses.asdict(rule))}
 prompts = [ids for ids, _ in load_tasks(None, n, tok, False)]
 seconds = dict.fromkeys(rules, 0.0)
 for warm in (True, False):

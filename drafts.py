@@ -19,7 +19,8 @@ without d), None on the lossless walk, which never reads it. How many drafts a f
 verifies: Draft.sized by a cost table, with `chance`, the source's own guess of each draft's
 odds: trajectory the product of the target's last confidences, lookup LOOKUP_CHANCE.
 """
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,10 @@ LOOKUP_N = 3          # the longest n-gram lookup matches (README: chosen by mea
 LOOKUP_MIN_N = 3      # the shortest
 LOOKUP_CHANCE = (0.3, 0.85)   # lookup's guess that its first token is kept, and each next one
                               # after it (sizing only; docs/lookup_keep.py: 0.12-0.57, 0.4-0.93)
+INSIDE_STEP = 0.03    # a state inside one of the drafter's steps against one at a step's end:
+                      # how often the walk goes on from it (sizing only; docs/visits.py, training
+                      # problems: 1-2% of the times against 15-64%; the target's own threshold
+                      # step reveals what the drafter's did at once, and jumps over it)
 REFERENCES = ("drafter", "trajectory", "lookup")
 
 
@@ -47,6 +52,8 @@ class Draft:
     chance: list = None     # host floats: the chance each draft's state is reached (sized());
                             # None: the product of the drafter's probabilities of its tokens
     proposed: int = None    # drafts proposed before a cost table cut them (None: len(pos))
+    step_end: list = None   # host bools: the draft is the last of its drafter step (None: each is)
+    keep: list = None       # host ints: the drafts whose states are verified (None: every one)
 
     def states(self, block):
         """(m, B): the block before each draft and after the last (cumulative reveals); with
@@ -62,7 +69,18 @@ class Draft:
             copies[:, p] = torch.where(after, t, base[p])
             chunks.append(copies)
             at += nb
-        return torch.cat(chunks)
+        states = torch.cat(chunks)
+        return states if self.keep is None else states[self.kept_copies()]
+
+    def kept_copies(self):
+        """Which of states()'s copies are verified: each block's state before its first draft,
+        and the state after each kept draft. Host ints, rising."""
+        keep = set(range(len(self.pos)) if self.keep is None else self.keep)
+        out, at, base = [], 0, 0
+        for nb in self.per_block or [len(self.pos)]:
+            out += [base] + [base + j + 1 for j in range(nb) if at + j in keep]
+            at, base = at + nb, base + nb + 1
+        return out
 
     def prefix(self, k):
         """The first k drafts (the blocks they reach; one ending a block keeps the next one's
@@ -73,29 +91,37 @@ class Draft:
             left -= per[-1]
             if per[-1] < nb:
                 break
-        return Draft(self.pos[:k], self.tokens[:k], None if self.p_draft is None else
-                     self.p_draft[:k], self.tau[:k], per, self.mask_id,
-                     self.chance and self.chance[:k],
-                     len(self.pos) if self.proposed is None else self.proposed)
+        return replace(self, pos=self.pos[:k], tokens=self.tokens[:k], p_draft=None if
+                       self.p_draft is None else self.p_draft[:k], tau=self.tau[:k], per_block=per,
+                       chance=self.chance and self.chance[:k], step_end=self.step_end and
+                       self.step_end[:k], keep=None,
+                       proposed=len(self.pos) if self.proposed is None else self.proposed)
 
     def sized(self, cost):
-        """The prefix worth verifying (worth_verifying), by `chance`, or else the product of
-        the drafter's probabilities of each draft's tokens as the chance its state is reached
-        (a host sync)."""
+        """The drafts worth verifying (worth_verifying), each weighed by `chance`, or else the
+        product of the drafter's probabilities of its tokens (a host sync), and by whether the
+        drafter's step ended there (weighed)."""
         chance = self.chance or self.p_draft.gather(-1, self.tokens[:, None]).squeeze(-1).cumprod(
             0).tolist()
-        return self.prefix(worth_verifying(chance, self.per_block or [len(self.pos)], cost))
+        keep = worth_verifying(weighed(chance, self.step_end), self.per_block or [len(self.pos)],
+                               cost)
+        d = self.prefix(keep[-1] + 1 if keep else 0)
+        return d if len(keep) == len(d.pos) else replace(d, keep=keep)
 
     def layout(self, n_masked, B):
         """For states(): each copy's number of masks (n_masked: the open block's), its parent
-        (verify.Guesses'; None without lookahead); and src: the copy each draft was drafted
-        in. Host ints only."""
-        counts, parent, src = [], [], []
+        (verify.Guesses'; None without lookahead); and src: for each draft, the copy before the
+        first one holding it. Host ints only."""
+        counts, parent, full = [], [], []            # every copy's; full: each draft's own copy
         for b, nb in enumerate(self.per_block or [len(self.pos)]):
             first = len(counts)
             counts += [(B if b else n_masked) - k for k in range(nb + 1)]
             parent += [first - 1 if b else -1] * (nb + 1)
-            src += range(first, first + nb)
+            full += range(first + 1, first + nb + 1)
+        kept = self.kept_copies()
+        new = {c: i for i, c in enumerate(kept)}
+        counts, parent = [counts[c] for c in kept], [new.get(parent[c], -1) for c in kept]
+        src = [bisect.bisect_left(kept, c) - 1 for c in full]
         return counts, parent if len(self.per_block or ()) > 1 else None, src
 
     def guesses(self, block, n_masked):
@@ -106,17 +132,27 @@ class Draft:
         return Guesses(self.states(block), counts, parent, self)
 
 
-def worth_verifying(chance, per_block, cost):
-    """How many drafts to verify: the prefix with the most expected steps a second, drafted
-    state k reached with chance[k - 1] (one step for the block's own state), by the measured
-    cost(n copies) of a forward (a cost table, costs.py); a draft that ends a block brings the
-    next block's first copy with it. Host floats and ints."""
-    ends = {sum(per_block[:b + 1]) for b in range(len(per_block) - 1)}   # drafts that end a block
-    value, best = 1.0, (1.0 / cost(1), 0)
-    for k in range(1, len(chance) + 1):
-        value += chance[k - 1]
-        best = max(best, (value / cost(k + 1 + sum(e <= k for e in ends)), k))
-    return best[1]
+def weighed(chance, step_end=None):
+    """Each draft's worth as a verified state, in expected steps the walk takes from it: the
+    chance its state is reached, times INSIDE_STEP where the drafter's own step went on past it
+    (the target's step, like the drafter's, reveals several tokens at once). Host floats."""
+    return [c if step_end is None or step_end[i] else c * INSIDE_STEP for i, c in enumerate(chance)]
+
+
+def worth_verifying(value, per_block, cost):
+    """Which drafts to verify: the set with the most expected steps a second, a draft's state
+    worth value[i] steps (one for the block's own state), by the measured cost(n copies) of a
+    forward (a cost table, costs.py). For each count the most valuable drafts are the best
+    (ties: the earlier, so a block's end comes before the blocks it leads to), and a draft
+    that ends a block brings the next block's first copy with it. -> their indices, rising.
+    Host floats and ints."""
+    ends = {sum(per_block[:b + 1]) - 1 for b in range(len(per_block) - 1)}   # drafts ending a block
+    order = sorted(range(len(value)), key=lambda i: (-value[i], i))
+    total, copies, best = 1.0, 1, (1.0 / cost(1), 0)
+    for n, i in enumerate(order, 1):
+        total, copies = total + value[i], copies + 1 + (i in ends)
+        best = max(best, (total / cost(copies), n))
+    return sorted(order[:best[1]])
 
 
 def point(d, vocab):
@@ -125,10 +161,10 @@ def point(d, vocab):
     return d
 
 
-def make(pos, tokens, tau, per_block, chance, mask_id, device):
+def make(pos, tokens, tau, per_block, chance, mask_id, device, step_end=None):
     """A Draft from host lists (an empty one: nothing proposed, a plain step)."""
     pos, tokens, tau = (to_device(x, device) for x in (pos, tokens, tau))
-    return Draft(pos, tokens, None, tau, per_block, mask_id, chance)
+    return Draft(pos, tokens, None, tau, per_block, mask_id, chance, step_end=step_end)
 
 
 def trajectory(front, rule, ahead, stops):
@@ -143,7 +179,7 @@ def trajectory(front, rule, ahead, stops):
     m = front.n_masked
     first = sum(p[i][0] > rule.threshold for i in range(m)) if rule.strategy == \
         "low_confidence_dynamic" else 1                      # the threshold rule's first step
-    tau = [max(1, i + 2 - max(first, 1)) for i in range(m)]
+    tau = [max(1, i + 2 - max(first, 1)) for i in range(m)]           # (the first `first` at once)
     chance, c, block = [], 1.0, list(front.host)
     for i in range(m):
         c *= p[i][0]
@@ -151,7 +187,7 @@ def trajectory(front, rule, ahead, stops):
         block[order[i]] = tok[i][0]
     cross = int(ahead > 0 and not stops.intersection(block))
     return make(order[:m], [tok[i][0] for i in range(m)], tau, [m] + [0] * cross, chance,
-                rule.mask_id, front.block.device)
+                rule.mask_id, front.block.device, [i + 1 >= first for i in range(m)])
 
 
 def lookup(context, n, want):

@@ -32,7 +32,8 @@ import torch
 import mask as masks
 from decode import (DecodeRule, Session, check_prompt, packed_index, prompt_list, round_loop,
                     stop_ids, to_device, to_host)
-from drafts import LOOKUP_N, REFERENCES, Draft, lookup_draft, point, trajectory, worth_verifying
+from drafts import (LOOKUP_N, REFERENCES, Draft, lookup_draft, point, trajectory, weighed,
+                    worth_verifying)
 from simsd_paper import GATE, accept_gated, accept_paper, copies_round, temporal_round
 from verify import lossless_round, no_extra
 
@@ -51,10 +52,10 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
     lookahead: once the block is drafted whole (and holds none of the `stops` ids), draft on
     into up to that many later blocks, the drafted block committed to the drafter's cache
     tentatively; the cache is rolled back after (the static cache's rows are overwritten).
-    cost (a cost table, costs.py): also stop once the newest drafts are past the prefix worth
-    verifying (worth_verifying): they would be drafted for nothing, and later drafts, each
-    less likely, pay less still."""
-    B, block, rows, per_block, base, chance = rule.block_size, block.clone(), [], [0], None, []
+    cost (a cost table, costs.py): also stop once a step's last draft is not worth verifying
+    (worth_verifying): later ones, each less likely, would be drafted for nothing."""
+    B, block, rows, per_block, base = rule.block_size, block.clone(), [], [0], None
+    chance, ends = [], []
     masked = [i for i, t in enumerate(to_host(block)[0]) if t == rule.mask_id]   # on the host
     left = min(gamma, len(masked) + lookahead * B)
     while left > 0:
@@ -78,19 +79,19 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
         rows.append((at[take] + B * (len(per_block) - 1), tok, p))
         drafted = set(order_h[:n])
         masked = [i for j, i in enumerate(masked) if j not in drafted]
-        per_block[-1] += n
-        left -= n
+        per_block[-1], left = per_block[-1] + n, left - n
+        ends += [False] * (n - 1) + [True]                           # Draft.step_end
         if cost:
             last = chance[-1] if chance else 1.0
             chance += [last * c for c in p.gather(-1, tok[:, None]).squeeze(-1).cumprod(0).tolist()]
-            if worth_verifying(chance, per_block, cost) < len(chance):
+            if len(chance) - 1 not in worth_verifying(weighed(chance, ends), per_block, cost):
                 break
         if draft_stop and n < len(conf) and conf[n] < draft_stop:
             break
     if base is not None:                                             # roll the cache back
         sess.committed, sess.pending = base, None
     tau = torch.cat([torch.full_like(r[0], s + 1) for s, r in enumerate(rows)])
-    return Draft(*(torch.cat(x) for x in zip(*rows)), tau, per_block, rule.mask_id)
+    return Draft(*(torch.cat(x) for x in zip(*rows)), tau, per_block, rule.mask_id, step_end=ends)
 
 
 def propose_drafts(dsess, rule, draft_kw, lookahead, stops, cost=None):

@@ -222,7 +222,8 @@ def test_cost_sized_copies_never_change_the_output(method):
     rule = DecodeRule(MASK_ID, B, strategy="low_confidence_dynamic", threshold=0.6)
     graph = calibrate(target, [tokens(5, 1), tokens(9, 2)], rule, 16) if method == "spiffy" else None
     nfe = {}
-    for name, cost in (("none", None), ("flat", lambda n: 1.0), ("steep", lambda n: float(n) ** 3)):
+    for name, cost in (("none", None), ("flat", lambda n: 1.0), ("steep", lambda n: float(n) ** 3),
+                       ("linear", lambda n: 1.0 + 0.2 * n)):     # (some states, not every one)
         nfe[name] = 0
         for k, (prompt, max_new) in enumerate(cases(B)):
             plain, _ = generate(target, prompt, max_new, rule, eos_id=NO_EOS)
@@ -247,6 +248,57 @@ def test_a_draft_is_cut_to_the_prefix_that_pays():
     assert four.per_block == [4, 0] and len(four.states(torch.full((B,), MASK_ID))) == 6
 
 
+def step_draft(step_end):
+    """Five drafts at 0.9 each: the open block's four, then the next block's first."""
+    return speculate.Draft(pos=torch.tensor([1, 0, 3, 2, 5]), tokens=torch.tensor([5, 6, 7, 8, 9]),
+                           p_draft=torch.full((5, VOCAB), 0.1 / (VOCAB - 1)).index_put_(
+                               (torch.arange(5), torch.tensor([5, 6, 7, 8, 9])), torch.tensor(0.9)),
+                           tau=torch.tensor([1, 1, 1, 1, 2]), per_block=[4, 1], mask_id=MASK_ID,
+                           step_end=step_end)
+
+
+def test_states_inside_a_drafter_step_are_the_first_a_cost_cuts():
+    """The drafter drafted the open block in one step: the target's step, which also reveals
+    several tokens at once, rarely stops inside it (INSIDE_STEP), so a cost that keeps two
+    states keeps the block's end and the next block's first draft, not the states between."""
+    B, cost = 4, (lambda n: 1.0 + 0.1 * n)
+    d = step_draft([False, False, False, True, True]).sized(cost)
+    assert d.keep == [3, 4] and d.per_block == [4, 1]
+    counts, parent, src = d.layout(B, B)
+    assert (counts, parent, src) == ([4, 0, 4, 3], [-1, -1, 1, 1], [0, 0, 0, 0, 2])
+    states = d.states(torch.full((B,), MASK_ID))
+    assert [int((s == MASK_ID).sum()) for s in states] == counts
+    assert states[1].tolist() == [6, 5, 8, 7] and states[3].tolist() == [MASK_ID, 9, MASK_ID, MASK_ID]
+    every = step_draft(None).sized(cost)                       # each draft its own step: a prefix
+    assert every.keep is None and every.per_block == [4, 1]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_any_kept_set_of_states_is_laid_out_consistently(seed):
+    """Whatever drafts a round keeps, each copy's count is its masks, a later block's copies
+    continue the complete copy of the block before, and a draft is held from its src on."""
+    B, gen = 4, torch.Generator().manual_seed(seed)
+    sess, rule, block, pos = drafting(B)
+    d = speculate.draft(sess, block, pos, rule, 3 * B, lookahead=2)
+    n = len(d.pos)
+    keep = sorted(torch.randperm(n, generator=gen)[:int(torch.randint(0, n + 1, (1,), generator=gen))].tolist())
+    ends = {sum(d.per_block[:b + 1]) - 1 for b in range(len(d.per_block) - 1)}
+    keep = [i for i in keep if all(e in keep for e in ends if e < i)]   # (what value order keeps)
+    k = d.prefix(keep[-1] + 1 if keep else 0)
+    k.keep = keep
+    counts, parent, src = k.layout(B, B)
+    states = k.states(block)
+    assert [int((s == MASK_ID).sum()) for s in states] == counts
+    for c, p in enumerate(parent or [-1] * len(counts)):
+        assert p == -1 or (counts[p] == 0 and p < c)
+    blocks = []                                               # each copy's block, by its parent
+    for p in parent or [-1] * len(counts):
+        blocks.append(0 if p == -1 else blocks[p] + 1)
+    for i, (q, t) in enumerate(zip(k.pos.tolist(), k.tokens.tolist())):
+        holds = [c for c, b in enumerate(blocks) if b > q // B or b == q // B and states[c][q % B] == t]
+        assert min(holds, default=len(states)) == src[i] + 1
+
+
 def test_the_drafter_stops_where_its_drafts_would_not_be_verified():
     """With the forward cost, draft stops once its newest drafts fall past the prefix worth
     verifying: a flat cost (every draft pays) drafts what no cost drafts, a steep one (no
@@ -257,6 +309,8 @@ def test_the_drafter_stops_where_its_drafts_would_not_be_verified():
               for name, cost in (("none", None), ("flat", lambda n: 1.0), ("steep", lambda n: float(n) ** 3))}
     assert torch.equal(drafts["flat"].pos, drafts["none"].pos) and drafts["none"].per_block == [B, B, B]
     assert drafts["steep"].per_block == [1] and torch.equal(drafts["steep"].tokens, drafts["none"].tokens[:1])
+    tau, ends = drafts["none"].tau.tolist(), drafts["none"].step_end     # where each step ended
+    assert ends == [i + 1 == len(tau) or tau[i + 1] != tau[i] for i in range(len(tau))]
 
 
 def test_the_forward_cost_is_measured_and_grows_with_the_copies():

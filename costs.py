@@ -5,7 +5,7 @@ spiffy.draft_copies) and never time anything themselves, so the same prompt, set
 give the same tokens, forwards and stats on every run. Without a table every copy a proposer
 makes is verified (its own budget: --gamma and --lookahead, or D*).
 
-    python costs.py --target models/target                  # cost_b{4,8,32}_float32_cpu.json
+    python costs.py --target models/target                  # cost_b{4,8,32}_float32_<this CPU>.json
     python costs.py --target ~/SDAR-8B-Chat --device cuda --dtype bfloat16 --block-size 4
 """
 import argparse
@@ -13,6 +13,7 @@ import bisect
 import itertools
 import json
 import platform
+import re
 import time
 from datetime import date
 from pathlib import Path
@@ -53,8 +54,10 @@ def key(model, B):
 
 
 def table_path(target_dir, model, B):
+    """Where the table for `model` at B on this device lives: one file a device, so that the
+    tables of several machines can sit next to the same weights."""
     k = key(model, B)
-    return Path(target_dir) / f"cost_b{B}_{k['dtype']}_{torch.device(model.embed.weight.device).type}.json"
+    return Path(target_dir) / f"cost_b{B}_{k['dtype']}_{re.sub('[^a-z0-9]+', '-', k['device'].lower())}.json"
 
 
 def measure(model, B, repeats=5):
@@ -123,7 +126,9 @@ def find(target_dir, model, B):
     -> (cost model or None, in words: which)."""
     path = table_path(target_dir, model, B)
     if not path.is_file():
-        return None, f"no cost table (every copy verified; python costs.py --target {target_dir})"
+        others = [p.name for p in sorted(path.parent.glob(f"cost_b{B}_{key(model, B)['dtype']}_*.json"))]
+        none = f"no cost table for this device (there: {', '.join(others)})" if others else "no cost table"
+        return None, f"{none}; every copy verified (python costs.py --target {target_dir})"
     t = read_table(path)
     if any(t.get(k) != v for k, v in key(model, B).items()):
         return None, f"no cost table for this device ({path.name} is for {t.get('device')})"

@@ -58,14 +58,19 @@ sized, cut = speculate.Draft.sized, Counter()
 
 def verified(d, cost):
     kept = sized(d, cost)
-    cut["drafted"], cut["verified"] = cut["drafted"] + len(d.pos), cut["verified"] + len(kept.pos)
+    n = len(kept.pos) if kept.keep is None else len(kept.keep)
+    cut["drafted"], cut["verified"] = cut["drafted"] + len(d.pos), cut["verified"] + n
     cut["cut in last"] += int((d.tau[len(kept.pos):] == d.tau[-1]).sum()) if len(d.tau) else 0
     return kept
 
 
 speculate.draft, speculate.accepted, speculate.Draft.sized = drafted, accepted, verified
-cost = {B: costs.cost_of(costs.read_table(costs.table_path(cli.DEFAULT_TARGET, target, B)))
-        for B in (4, 8, 32)}          # the shipped tables (made with 2 threads; this script runs 1)
+torch.set_num_threads(2)          # this machine's shipped tables (made with 2 threads; the script runs 1)
+cost = {B: costs.find(cli.DEFAULT_TARGET, target, B) for B in (4, 8, 32)}
+torch.set_num_threads(1)
+if not all(c for c, _ in cost.values()):
+    sys.exit(f"error: {cost[4][1]}")
+cost = {B: c for B, (c, _) in cost.items()}
 prompts = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(int(sys.argv[1]), "test")]
 print("B  K  rounds  tokens/fwd   draft reached 1 / 2 / 3 / 4 blocks   stopped by confidence / stop id / "
       "blocks allowed (of them, fewer for room)   walk finished 0 / 1 / 2 / 3 blocks")

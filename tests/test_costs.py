@@ -102,6 +102,24 @@ def test_a_table_for_another_device_next_to_the_weights_is_not_used(tmp_path):
     assert costs.find(tmp_path / "nowhere", model, 4)[0] is None
 
 
+def test_the_tables_of_several_devices_sit_side_by_side(tmp_path, monkeypatch):
+    """One file a device: a table measured on another machine is kept, named when this one has
+    none, and never used here; this machine's own table is found among them."""
+    path = tiny_dir(tmp_path)
+    model = checkpoint.from_pretrained(path, dtype=torch.float32)
+    here = costs.device_name("cpu")
+    monkeypatch.setattr(costs, "device_name", lambda device: "cpu: Another CPU, 2 threads")
+    costs.main(str(path), block_sizes=(4,), repeats=1)
+    theirs = costs.table_path(path, model, 4)
+    monkeypatch.setattr(costs, "device_name", lambda device: here)
+    cost, how = costs.find(path, model, 4)
+    assert cost is None and theirs.name in how and "every copy verified" in how
+    costs.main(str(path), block_sizes=(4,), repeats=1)
+    cost, how = costs.find(path, model, 4)
+    assert cost is not None and costs.table_path(path, model, 4).name in how and theirs.is_file()
+    assert theirs.name == "cost_b4_float32_cpu-another-cpu-2-threads.json"
+
+
 def test_sample_refuses_a_bad_table_before_printing(tmp_path):
     (tmp_path / "bad.json").write_text("[]")
     run = subprocess.run([sys.executable, "sample.py", "--spec", "spiffy", "--cost-table", str(tmp_path / "bad.json")],

@@ -98,14 +98,18 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
 
-    def forward(self, x):  # normalise in fp32, as Qwen3 does
+    def forward(self, x):  # normalise in fp32, as Qwen3 does (in fp32: one fused op, the same bits)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 def rope(x, cos, sin):
-    """Rotate-half RoPE. x: (b, heads, T, hd); cos, sin: (b, 1, T, hd/2)."""
+    """Rotate-half RoPE. x: (b, heads, T, hd); cos, sin: (b, 1, T, hd), each angle twice. As
+    x * cos + rotate_half(x) * sin (HF's form), which is (x1 cos - x2 sin, x2 cos + x1 sin) to
+    the bit, in five ops."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
 
 
 class KVCache(nn.Module):
@@ -237,6 +241,7 @@ class Transformer(nn.Module):
         hd = self.config.head_dim
         inv_freq = self.config.rope_theta ** -(torch.arange(0, hd, 2, device=idx.device).float() / hd)
         angles = pos.view(-1, 1, T, 1).float() * inv_freq    # (b or 1, 1, T, hd/2)
+        angles = torch.cat((angles, angles), dim=-1)         # (b or 1, 1, T, hd): each half's
         cos, sin = angles.cos(), angles.sin()
         x = self.embed(idx)
         for layer in self.layers:

@@ -95,7 +95,8 @@ class DecodeRule:
         Spiffy's ranks all read the same forward's (a tensor changed in place is read anew)."""
         memo = self.__dict__.get("_memo")
         if memo is None or memo[0] is not logits or memo[1] != logits._version:
-            scaled = logits.float() / (self.temperature or 1.0)
+            scaled = logits.float()
+            scaled = scaled / self.temperature if self.temperature not in (0, 1) else scaled
             memo = [logits, logits._version, scaled, scaled.logsumexp(-1), None]
             self.__dict__["_memo"] = memo
         return memo

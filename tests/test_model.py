@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 import checkpoint
 import mask
 from decode import DecodeRule, generate
-from model import PRESETS, ModelConfig
+from model import PRESETS, ModelConfig, RMSNorm, rope
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 NO_EOS = -1     # an eos_id that never occurs: fixed-length output
@@ -103,6 +103,22 @@ def run_forwards(model, impl, prompt, block, simsd):
     out.append(model(torch.tensor([section]), torch.tensor(pos), P, mod))
     model.attn_impl = None
     return out
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 9, 64), (2, 2, 17, 16)])
+def test_rope_and_the_norm_are_the_two_half_and_unfused_formulas_to_the_bit(shape):
+    """RoPE as x cos + rotate_half(x) sin, and RMSNorm as one op with its weight (fp32), compute
+    the same bits as (x1 cos - x2 sin, x2 cos + x1 sin) and weight * rms_norm(x)."""
+    g = torch.Generator().manual_seed(0)
+    x, angles = torch.randn(shape, generator=g) * 3, torch.randn(1, 1, shape[2], shape[3] // 2, generator=g) * 50
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x.chunk(2, dim=-1)
+    twice = lambda t: torch.cat((t, t), dim=-1)  # noqa: E731
+    assert torch.equal(rope(x, twice(cos), twice(sin)), torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1))
+    norm = RMSNorm(shape[-1], 1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5, generator=g)
+        assert torch.equal(norm(x), norm.weight * torch.nn.functional.rms_norm(x, x.shape[-1:], eps=1e-6))
 
 
 def test_flex_and_sdpa_paths_agree(tiny_model):

@@ -120,7 +120,8 @@ class Draft:
             full += range(first + 1, first + nb + 1)
         kept = self.kept_copies()
         new = {c: i for i, c in enumerate(kept)}
-        counts, parent = [counts[c] for c in kept], [new.get(parent[c], -1) for c in kept]
+        counts = [counts[c] for c in kept]     # (a later block's copy needs its parent: KeyError)
+        parent = [new[parent[c]] if parent[c] >= 0 else -1 for c in kept]
         src = [bisect.bisect_left(kept, c) - 1 for c in full]
         return counts, parent if len(self.per_block or ()) > 1 else None, src
 

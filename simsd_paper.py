@@ -218,9 +218,11 @@ def temporal_round(tsess, drafts, rule, order="tau", rope_copy=True, generator=N
 def copies_round(tsess, drafts, rule, accept, generator=None):
     """A round of the paper's rules on exact logits: drafts(front, room) -> a Draft (across
     blocks, with lookahead); ONE target forward over its states as block copies; `accept`
-    (accept_paper or accept_gated) keeps what it keeps. -> (Advance, drafts accepted, why)."""
+    (accept_paper or accept_gated) keeps what it keeps. -> (Advance, drafts accepted, why).
+    These rules read the state before each draft, so every drafted state is verified, also where
+    a cost table kept only some (Draft.keep: the lossless walk's)."""
     def round_(front, room):
-        d = drafts(front, room)
+        d = replace(drafts(front, room), keep=None)
         g = d.guesses(front.block, front.n_masked)
         logits = verify_copies(tsess, g, front.pos)
         block, accepted, steps, why, crossed = accept(logits, g.copies, g.counts, d, front.step,

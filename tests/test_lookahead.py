@@ -16,6 +16,7 @@
 Run: python -m pytest tests/test_lookahead.py -q
 """
 import copy
+from functools import partial
 
 import pytest
 import torch
@@ -23,9 +24,10 @@ import torch
 import costs
 import speculate
 from conftest import make_model
-from decode import DecodeRule, Session, generate
+from decode import DecodeRule, Frontier, Session, generate
 from model import PRESETS
 from speculate import simsd_generate
+from simsd_paper import accept_gated, accept_paper, copies_round
 from spiffy import calibrate, spiffy_generate
 
 MASK_ID, VOCAB = PRESETS["tiny"]["mask_token_id"], PRESETS["tiny"]["vocab_size"]
@@ -297,6 +299,32 @@ def test_any_kept_set_of_states_is_laid_out_consistently(seed):
     for i, (q, t) in enumerate(zip(k.pos.tolist(), k.tokens.tolist())):
         holds = [c for c, b in enumerate(blocks) if b > q // B or b == q // B and states[c][q % B] == t]
         assert min(holds, default=len(states)) == src[i] + 1
+
+
+@pytest.mark.parametrize("seed", [6, 8])
+@pytest.mark.parametrize("acceptance", ["paper", "gated"])
+def test_the_papers_rules_verify_every_drafted_state_whatever_a_cost_table_kept(acceptance, seed):
+    """The paper's and the gated rule read the state before each draft: a Draft whose cost table
+    kept only some states (the lossless walk's sizing) gives them what the whole draft gives.
+    (Prompts where the rules accept some drafts and reject one between two kept states.)"""
+    B = 4
+    target, drafter = pair(B)
+    rule, prompt = DecodeRule(MASK_ID, B), torch.tensor(tokens(2 * B, seed))
+    block, pos = torch.full((B,), MASK_ID), torch.arange(2 * B, 3 * B)
+    dsess = Session(drafter, B, 12 * B)
+    dsess.prefill(prompt)
+    d = speculate.draft(dsess, block, pos, rule, 2 * B, lookahead=1)
+    kept = copy.copy(d)
+    kept.keep = [B - 1, len(d.pos) - 1]                           # each block's end only
+    rules = dict(paper=accept_paper, gated=partial(accept_gated, gate=0.5))
+    got = []
+    for draft_ in (d, kept):
+        tsess = Session(target, B, 12 * B)
+        tsess.prefill(prompt)
+        round_ = copies_round(tsess, lambda f, r, d=draft_: d, rule, rules[acceptance])
+        adv, accepted, why = round_(Frontier(block, pos, B), 64)
+        got.append((adv.front.host, adv.front.step, accepted, why))
+    assert got[0] == got[1] and got[0][2] > 0
 
 
 def test_the_drafter_stops_where_its_drafts_would_not_be_verified():

@@ -7,7 +7,7 @@ target's walk finished. Drafts that reach far but walks that finish few: the tar
 limit the lookahead; drafts that stop short: the drafter does.
 Then --spec simsd as it runs (K = 3, copies sized by the cost tables shipped next to the target,
 measured on the 2-core CPU the README names): how many drafted tokens the sizing verifies, with the
-drafter stopping where its drafts fall past the prefix worth verifying, and without; and the
+drafter stopping where its drafts are no longer worth verifying, and without; and the
 drafter forwards an oracle would spend, stopping right after the last draft the round accepts;
 how many of the drafts the sizing cut came from the drafter's last forward; and the drafts the
 sizing expects accepted (the sum of the products of the drafter's probabilities, its proxy)
@@ -58,9 +58,10 @@ sized, cut = speculate.Draft.sized, Counter()
 
 def verified(d, cost):
     kept = sized(d, cost)
-    n = len(kept.pos) if kept.keep is None else len(kept.keep)
-    cut["drafted"], cut["verified"] = cut["drafted"] + len(d.pos), cut["verified"] + n
-    cut["cut in last"] += int((d.tau[len(kept.pos):] == d.tau[-1]).sum()) if len(d.tau) else 0
+    keep = set(range(len(kept.pos)) if kept.keep is None else kept.keep)
+    tau = d.tau.tolist()
+    cut["drafted"], cut["verified"] = cut["drafted"] + len(tau), cut["verified"] + len(keep)
+    cut["cut in last"] += sum(t == tau[-1] and i not in keep for i, t in enumerate(tau))
     return kept
 
 

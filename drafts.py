@@ -125,6 +125,17 @@ class Draft:
         src = [bisect.bisect_left(kept, c) - 1 for c in full]
         return counts, parent if len(self.per_block or ()) > 1 else None, src
 
+    def cut_at(self, block, b, state):
+        """Whether `state` (a host list) is a drafted state of the b-th block this draft reaches
+        (from the open `block`) that a cost table left out (keep): a walk that ends there ended
+        for want of its copy, not where the target chose otherwise."""
+        per = self.per_block or [len(self.pos)]
+        if self.keep is None or b >= len(per):
+            return False
+        base, every = sum(n + 1 for n in per[:b]), replace(self, keep=None).states(block).tolist()
+        cut = set(range(base, base + per[b] + 1)) - set(self.kept_copies())
+        return any(every[c] == state for c in cut)
+
     def guesses(self, block, n_masked):
         """The drafted states of the open `block` (n_masked of it masked) as verify.Guesses."""
         if not len(self.tau):                                    # nothing drafted

@@ -199,7 +199,8 @@ def simsd_round(tsess, drafts, rule, verifier, acceptance, gate, rope_copy, orde
     def round_(front, room):         # draft, verify as block copies, walk the target's own rule
         adv, g, w = walked(front, room)
         n, of = accepted(g, w)
-        why = "every draft accepted" if n == of else "target chose otherwise"
+        why = "every draft accepted" if n == of else "state not verified" if g.data.cut_at(
+            g.copies[0], len(w.crossed), w.host) else "target chose otherwise"
         cut = g.data.proposed                         # drafts there were, before sizing
         return adv, n, why if of else "none worth verifying" if cut else "nothing proposed"
     return round_

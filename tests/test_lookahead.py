@@ -273,6 +273,9 @@ def test_states_inside_a_drafter_step_are_the_first_a_cost_cuts():
     assert states[1].tolist() == [6, 5, 8, 7] and states[3].tolist() == [MASK_ID, 9, MASK_ID, MASK_ID]
     every = step_draft(None).sized(cost)                       # each draft its own step: a prefix
     assert every.keep is None and every.per_block == [4, 1]
+    block = torch.full((B,), MASK_ID)                          # a walk that ended at a state cut
+    assert d.cut_at(block, 0, [6, 5, MASK_ID, MASK_ID]) and not d.cut_at(block, 0, [6, 7, MASK_ID, MASK_ID])
+    assert not d.cut_at(block, 1, [MASK_ID, 9, MASK_ID, MASK_ID]) and not every.cut_at(block, 0, [6, 5, 3, 3])
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -77,8 +77,7 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
             torch.multinomial(p, 1, generator=generator).squeeze(-1)
         block[at[take]] = tok
         rows.append((at[take] + B * (len(per_block) - 1), tok, p))
-        drafted = set(order_h[:n])
-        masked = [i for j, i in enumerate(masked) if j not in drafted]
+        masked = [i for j, i in enumerate(masked) if j not in order_h[:n]]     # (n <= B entries)
         per_block[-1], left = per_block[-1] + n, left - n
         ends += [False] * (n - 1) + [True]                           # Draft.step_end
         if cost:
@@ -91,7 +90,8 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
     if base is not None:                                             # roll the cache back
         sess.committed, sess.pending = base, None
     tau = torch.cat([torch.full_like(r[0], s + 1) for s, r in enumerate(rows)])
-    return Draft(*(torch.cat(x) for x in zip(*rows)), tau, per_block, rule.mask_id, step_end=ends)
+    return Draft(*map(torch.cat, zip(*rows)), tau, per_block, rule.mask_id, chance or None,
+                 step_end=ends)
 
 
 def propose_drafts(dsess, rule, draft_kw, lookahead, stops, cost=None):

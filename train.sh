@@ -11,18 +11,19 @@ set -euo pipefail
 cd "$(dirname "$0")"
 mkdir -p out
 
-step() {  # name, then train.py's flags
-    local name=$1
-    shift
+run() {  # name, the script, its flags: skipped when done, resumed from out/<name>/ckpt.pt
+    local name=$1 script=$2
+    shift 2
     if [ -f "out/$name.done" ]; then
         echo "$name: done before"
         return
     fi
     local resume=()
     [ -f "out/$name/ckpt.pt" ] && resume=(--resume)
-    python train.py "$@" --ckpt-dir "out/$name" "${resume[@]}"
+    python "$script" "$@" "${resume[@]}"
     touch "out/$name.done"
 }
+step() { run "$1" train.py "${@:2}" --ckpt-dir "out/$1"; }   # name, then train.py's flags
 
 [ -f data/meta.json ] || python prepare.py
 for preset in drafter target; do
@@ -50,18 +51,8 @@ step drafter-5 --preset drafter --finetune --distill models/target --iters 1200 
 # at a lower rate (docs/results.md, "Longer on the target's decoding states"); about 26 min.
 # The last one replaces models/drafter.
 distil() {  # name, then distill.py's flags
-    local name=$1
-    shift
-    if [ -f "out/$name.done" ]; then
-        echo "$name: done before"
-        return
-    fi
-    local resume=()
-    [ -f "out/$name/ckpt.pt" ] && resume=(--resume)
-    [ -f "out/$name/model.safetensors" ] || python distill.py --prompts out/train_questions.jsonl \
-        --out "out/$name" --max-new-tokens 64 --distill-weight 0.5 --teacher-order --threads 1 \
-        "$@" "${resume[@]}"
-    touch "out/$name.done"
+    run "$1" distill.py --prompts out/train_questions.jsonl --out "out/$1" --max-new-tokens 64 \
+        --distill-weight 0.5 --teacher-order --threads 1 "${@:2}"
 }
 [ -f out/train_questions.jsonl ] || python prepare.py --questions out/train_questions.jsonl
 distil drafter-6 --iters 1500

@@ -4,7 +4,7 @@
 #
 #   bash train.sh            # about 5 h 30 min on 2 CPU cores; run it again to go on after a stop
 #
-# Each step is train.py (or spiffy.py) with the flags below. A finished step leaves
+# Each step is train.py (or distill.py) with the flags below. A finished step leaves
 # out/<step>.done and is skipped the next time; an interrupted one goes on from its last
 # checkpoint (out/<step>/ckpt.pt, with --resume). The models are written to models/.
 set -euo pipefail
@@ -57,10 +57,7 @@ distil() {  # name, then distill.py's flags
 [ -f out/train_questions.jsonl ] || python prepare.py --questions out/train_questions.jsonl
 distil drafter-6 --iters 1500
 distil drafter-7 --drafter out/drafter-6 --iters 3000 --lr 1.5e-4 --warmup 0
-if [ ! -f out/drafter.copied ]; then
-    for f in config.json model.safetensors tokenizer.model distill_log.json; do cp "out/drafter-7/$f" models/drafter/; done
-    touch out/drafter.copied
-fi
+for f in config.json model.safetensors tokenizer.model distill_log.json; do cp "out/drafter-7/$f" models/drafter/; done
 python calibrate.py                                                  # the graphs, next to the target
 python costs.py                    # the cost tables (a quiet machine: they are timings), next to it too
 python train.py --report

@@ -23,7 +23,7 @@ DEFAULT_TARGET, DEFAULT_DRAFTER = ROOT / "models/target", ROOT / "models/drafter
 # at 0.9, the fastest plain rule measured here (README), so that `--spec none` and `--spec
 # simsd` compare the same rule. `--strategy low_confidence_static` is SDAR's one token a step.
 THRESHOLD = 0.9
-COMPILE_MODES = ("auto", "static", "dynamic")
+COMPILE_MODES = ("auto", "static", "dynamic", "drafter")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -79,10 +79,20 @@ def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=
     for B in block_sizes:
         check_block_size(tgt, B, "target")
     drf = None if drafter is None else load_drafter(drafter, tgt, tok, block_sizes, device, dtype)
-    for m in (tgt, drf) if compile else ():
-        if m is not None:
-            compile_model(m, compile)
+    compile_models(tgt, drf, compile)
     return tgt, tok, drf
+
+
+def compile_models(target, drafter, how):
+    """--compile `how` for both models (drafter None: none), or "drafter": the drafter alone,
+    "auto". On a CPU a drafter forward is mostly per-op overhead, which compiling removes, and
+    its cache grows by a block a round, which dynamic shapes take without recompiling
+    (README, "Compiled against eager")."""
+    if how == "drafter" and drafter is None:
+        raise ValueError("--compile drafter: this method runs no drafter (--spec simsd with one does)")
+    for m in (target, drafter) if how else ():
+        if m is not None and not (how == "drafter" and m is target):
+            compile_model(m, "auto" if how == "drafter" else how)
 
 
 def compile_model(model, how="auto"):
@@ -90,7 +100,7 @@ def compile_model(model, how="auto"):
     "dynamic"-shape graph (model.compile_dynamic); "auto": static on CUDA, dynamic on
     the CPU (faster there: docs/results.md, "Compiled decoding")."""
     how = "auto" if how is True else how
-    if how not in COMPILE_MODES:
+    if how not in COMPILE_MODES[:-1]:
         raise ValueError(f"--compile {how!r}: choose from {', '.join(COMPILE_MODES)}")
     cuda = model.embed.weight.is_cuda
     if how == "static" or (how == "auto" and cuda):
@@ -246,7 +256,7 @@ def model_flags(ap, both=False):
     g.add_argument("--dtype", default=None, choices=DTYPES, help="weights' dtype (default float32)")
     g.add_argument("--compile", nargs="?", const="auto", choices=COMPILE_MODES + ("both",) * both,
                    help="torch.compile the models: static shapes and CUDA graphs on CUDA, dynamic "
-                        "shapes on the CPU (auto), or say which" + both * "; both: a row eager and a "
+                        "shapes on the CPU (auto), or say which; drafter: the drafter only (auto)" + both * "; both: a row eager and a "
                         "row compiled (auto) for every method, interleaved prompt by prompt")
     g.add_argument("--chat", action="store_true", help="render prompts with the checkpoint's own chat "
                    "template (tokenizer_config.json's chat_template; ChatML if it has none)")

@@ -52,18 +52,16 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     rule = cli.make_rule(model, block_size, cli.default_threshold(threshold, strategy),
                          strategy=strategy, **rule_kw)
     cli.check_block_size(model, rule.block_size, "target")
-    models, (cost, cost_note) = [model], costs.cost_model(target, model, rule.block_size, cost_table)
+    drf, (cost, cost_note) = None, costs.cost_model(target, model, rule.block_size, cost_table)
     if spec == "none":
         run = lambda ids, n, rule=rule, **kw: generate(model, ids, n, rule, **kw)
     elif spec == "simsd":
         drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype)
         run = partial(simsd_generate, model, drf, rule=rule, cost=cost, reference=reference or "drafter")
-        models += [drf] if drf else []
     else:
         g = load_graph(graph or graph_path(target, rule), rule)
         run = lambda ids, n, rule=rule, **kw: spiffy_generate(model, ids, n, rule, graph=g, cost=cost, **kw)
-    for m in models if compile else ():
-        cli.compile_model(m, compile)
+    cli.compile_models(model, drf, compile)
     return model, tok, rule, run, None if spec == "none" or verifier == "temporal" else cost_note
 
 

@@ -159,6 +159,21 @@ def test_bench_compile_both_runs_every_method_eager_and_compiled_in_one_run(monk
     assert rec["dynamo"]["graphs_after_warmup"] == rec["dynamo"]["recompile_limit_hits"] == 0
 
 
+def test_compile_drafter_compiles_the_drafter_alone(monkeypatch, capsys):
+    """--compile drafter: the drafter compiled ("auto"; dynamo's eager backend here, to be
+    quick), the target left eager, and the same tokens as with nothing compiled."""
+    calls = []
+
+    def compile_model(m, how):
+        calls.append((m.config.n_layer, how))
+        m.compile_dynamic(backend="eager")
+    monkeypatch.setattr(sample.cli, "compile_model", compile_model)
+    out, _ = sample.main(spec="simsd", max_new_tokens=16, compile="drafter")
+    eager, _ = sample.main(spec="simsd", max_new_tokens=16)
+    drafter_layers = cli.load(cli.DEFAULT_DRAFTER)[0].config.n_layer
+    assert calls == [(drafter_layers, "auto")] and out == eager
+
+
 def test_bench_exits_nonzero_when_a_lossless_method_differs(monkeypatch, capsys):
     real = bench.spiffy_generate
 

@@ -182,6 +182,7 @@ CASES = {
     "bench-block-size-not-numbers": (None, "bench.py --block-size 4,x", "comma-separated integers"),
     "bench-unknown-method": (None, "bench.py --methods plain,medusa", "unknown method 'medusa'"),
     "bench-compile-mode": (None, "bench.py --compile fast", "invalid choice: 'fast'"),
+    "bench-compile-drafter-none": (None, "bench.py --methods threshold --compile drafter", "runs no drafter"),
     "bench-prompts-0": (None, "bench.py --prompts 0", "--prompts must be >= 1"),
     "bench-unknown-ablation": (None, "bench.py --ablate speed", "unknown --ablate"),
     "bench-sdar-threshold": (None, "bench.py --methods sdar+threshold", "unknown method 'sdar+threshold'"),
@@ -195,6 +196,8 @@ CASES = {
     "bench-out-a-directory": (None, "bench.py --out {d}", "is a directory"),
     # sample.py flags
     "spec-unknown": (None, "sample.py --spec medusa", "invalid choice: 'medusa'"),
+    "compile-drafter-no-drafter": (None, "sample.py --spec simsd --reference trajectory --compile drafter",
+                                   "--compile drafter: this method runs no drafter"),
     "block-size-0": (None, "sample.py --block-size 0", "--block-size must be >= 1, got 0"),
     "block-size-untrained": (None, "sample.py --block-size 16", "trained for block size(s) [4, 8, 32], not 16"),
     "block-size-not-a-number": (None, "sample.py --block-size four", "invalid int value: 'four'"),

@@ -25,6 +25,7 @@ object. Exit status 1 if a lossless method differs from its counterpart in fp32 
     python bench.py --block-size 4,8,32 --prompts 40 --repeats 2 --out docs/bench.json
     python bench.py --quick                # smoke test, < 60 s on 2 CPU cores
     python bench.py --compile both --block-size 4,8 --prompts 40   # eager and compiled rows, one run
+    python bench.py --compile drafter --methods threshold,simsd    # simsd's drafter eager and compiled
     python bench.py --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --data gsm8k.jsonl \\
         --device cuda --dtype bfloat16 --compile --chat
 """
@@ -60,6 +61,7 @@ LOSSLESS = ("sdar", *(m for m in SIMSD if "lossless" in SIMSD[m].values()), "spi
 SPECS = {"none": "threshold", "simsd": "simsd-lossless+threshold", "spiffy": "spiffy+threshold"}  # sample.py's
 ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "position order", dict(order="position")))
 COMPILED = " compiled"   # --compile both: the compiled rows' names end so
+DRAFTER_COMPILED = " (drafter compiled)"   # --compile drafter: the drafted methods' second rows
 PAIRS = {"copies": ("all copies", dict(cost=None)), "commit": ("fused commit", dict(copy_commit=False))}  # --sweep
 
 
@@ -218,8 +220,9 @@ def compare(plan, outputs, results, tasks, exact):
         base, tag = {m["method"]: m for m in rows if m["block_size"] == r["block_size"]}, COMPILED * r["method"].endswith(COMPILED)
         for ref in ("sdar", "plain", "threshold"):
             r[f"speedup_vs_{ref}"] = r["tokens_per_s"] / base[ref + tag]["tokens_per_s"] if ref + tag in base else float("nan")
-        if tag:       # the same method eager, in this run
-            r["speedup_vs_eager"] = r["tokens_per_s"] / base[r["method"].removesuffix(tag)]["tokens_per_s"]
+        eager = r["method"].removesuffix(COMPILED).removesuffix(DRAFTER_COMPILED)
+        if eager != r["method"]:       # the same method eager, in this run
+            r["speedup_vs_eager"] = r["tokens_per_s"] / base[eager]["tokens_per_s"]
         sdar = base.get("sdar" + tag, dict(target_fwd_per_token=float("nan")))
         r["nfe_reduction_vs_sdar"] = sdar["target_fwd_per_token"] / r["target_fwd_per_token"]
         r["fraction_of_limit"] = r["tokens_per_target_fwd"] / (r["block_size"] * (1 + r["lookahead"]))
@@ -242,10 +245,13 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     methods = [SPECS.get(m, m) for m in methods]     # rows under the names of what they run
     check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, drafter=drafter,
                sweep=sweep, ablate=ablate or None, draft_budget=draft_budget, **simsd_kw)
+    if compile == "drafter" and not any(parse_method(m)[0] in DRAFTED for m in methods):
+        raise ValueError("--compile drafter: none of --methods runs a drafter (simsd does)")
     dtype, limit_hits = getattr(torch, dtype) if dtype else None, cli.RecompileLimitHits() if compile else None
     tgt, tok, drf = cli.load_models(target, (drafter or "") if any(parse_method(m)[0] in DRAFTED for m in methods)
-                                    else None, block_sizes, device, dtype, compile != "both" and compile, stop_ids)
-    pairs = {"": (tgt, drf), **({COMPILED: cli.compiled_copies(tgt, drf)} if compile == "both" else {})}
+                                    else None, block_sizes, device, dtype, compile not in ("both", "drafter") and compile, stop_ids)
+    pairs = {"": (tgt, drf), COMPILED: compile == "both" and cli.compiled_copies(tgt, drf),
+             DRAFTER_COMPILED: compile == "drafter" and (tgt, *cli.compiled_copies(drf))}
     kind, tasks = tasks, load_tasks(data, prompts, tok, chat, tasks)
     notes = [f"{target} has no chat_template: the prompts are in ChatML"] * (chat and tok.chat_template is None)
     graphs = graphs_for(target, tgt, lambda: calibration_prompts(data, len(tasks), tok, chat, notes), notes)
@@ -254,15 +260,16 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     # every method is compared with its plain counterpart (plain or threshold): run it too
     methods = list(methods) + [p for p in ("plain", "threshold") if p not in methods and any(
         parse_method(m)[1] == (p == "threshold") for m in methods)]
-    plan = {k: v for tag, (t, d) in pairs.items() for k, v in plan_runs(
-        methods, block_sizes, t, d, graphs, sweep, ablate, strategy, draft_budget or DRAFT_BUDGET, cost, tag,
+    plan = {k: v for tag, (t, d) in ((k, p) for k, p in pairs.items() if p) for k, v in plan_runs(
+        [m for m in methods if tag != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep, ablate, strategy, draft_budget or DRAFT_BUDGET, cost, tag,
         **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
     outputs, results, graphs_after_warmup = measure(plan, tasks, max_new_tokens, tok, repeats, device,
-                                                    lambda name: compile and (compile != "both" or name.endswith(COMPILED)))
+                                                    lambda name: compile and (compile not in ("both", "drafter") or name.endswith(
+                                                        COMPILED) or name.endswith(DRAFTER_COMPILED)))
     rows, failed = compare(plan, outputs, results, tasks, exact=dtype in (None, torch.float32))
     notes += [f"B={B} compiled x eager, tokens/s in this run: " + ", ".join(
-        f"{r['method'].removesuffix(COMPILED)} {r['speedup_vs_eager']:.2f}" for r in rows
-        if r["block_size"] == B and "speedup_vs_eager" in r) for B in block_sizes if compile == "both"]
+        f"{r['method']} {r['speedup_vs_eager']:.2f}" for r in rows
+        if r["block_size"] == B and "speedup_vs_eager" in r) for B in block_sizes if compile in ("both", "drafter")]
     print("\n".join([table(rows)] + [f"{r['method']} B={r['block_size']} rounds ended: {r['round_ends']}"
                                      for r in rows if r["round_ends"]] + notes + [f"FAILED: {f}" for f in failed]))
     dynamo = limit_hits.report(counters, graphs_after_warmup) if compile else {}

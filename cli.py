@@ -256,8 +256,9 @@ def model_flags(ap, both=False):
     g.add_argument("--dtype", default=None, choices=DTYPES, help="weights' dtype (default float32)")
     g.add_argument("--compile", nargs="?", const="auto", choices=COMPILE_MODES + ("both",) * both,
                    help="torch.compile the models: static shapes and CUDA graphs on CUDA, dynamic "
-                        "shapes on the CPU (auto), or say which; drafter: the drafter only (auto)" + both * "; both: a row eager and a "
-                        "row compiled (auto) for every method, interleaved prompt by prompt")
+                        "shapes on the CPU (auto), or say which; drafter: the drafter alone (auto)" + both * ", a row with it eager "
+                        "and one compiled; both: a row eager and a row compiled (auto) for every method, interleaved "
+                        "prompt by prompt")
     g.add_argument("--chat", action="store_true", help="render prompts with the checkpoint's own chat "
                    "template (tokenizer_config.json's chat_template; ChatML if it has none)")
     g.add_argument("--cost-table", default=None, help="simsd, spiffy: the cost table (costs.py) that sizes "

@@ -21,6 +21,7 @@ same method, and against threshold's own target forward.
 
     python docs/round_costs.py                    # B = 4 and 8, 40 problems, eager
     python docs/round_costs.py --prompts 20 --block-size 4,8,32 --compile
+    python docs/round_costs.py --compile drafter   # the drafter compiled, the target eager
     python docs/round_costs.py --device cuda --dtype bfloat16 --compile   # gpu_check.sh's
 """
 import argparse
@@ -111,7 +112,7 @@ for B in sizes:
                 sync()
                 total[name] += 0 if warm else time.perf_counter() - t0
                 tokens[name] += 0 if warm else len(out)
-    print(f"B = {B}, {n} problems, {'compiled' if args.compile else 'eager'}: each part's share of "
+    print(f"B = {B}, {n} problems, {f'--compile {args.compile}' if args.compile else 'eager'}: each part's share of "
           f"decode time (ms a token in all; a drafter forward x a target forward)")
     print(f"{'':14s}" + "".join(f"{p:>17s}" for p in PARTS) + f"{'loop, rest':>12s}"
           f"{'outside forwards':>18s}{'ms/token':>10s}{'drafter fwd x':>15s}")

@@ -174,6 +174,22 @@ def test_compile_drafter_compiles_the_drafter_alone(monkeypatch, capsys):
     assert calls == [(drafter_layers, "auto")] and out == eager
 
 
+def test_bench_compile_drafter_adds_a_row_with_the_drafter_compiled(monkeypatch, capsys):
+    """--compile drafter: each drafted method twice, its drafter eager and compiled (dynamo's
+    eager backend here), both compared with threshold (the target is eager in both), the
+    second with the first, in the same run; methods without a drafter once."""
+    monkeypatch.setattr(bench.cli, "compile_model", lambda m, how: m.compile_dynamic(backend="eager"))
+    status = bench.main(**bench.parse_args(["--prompts", "2", "--max-new-tokens", "8", "--methods",
+                                            "threshold,simsd", "--compile", "drafter"]))
+    rec = last_json(capsys.readouterr().out)
+    by = {r["method"]: r for r in rec["results"]}
+    simsd, compiled = by["simsd-lossless+threshold"], by["simsd-lossless+threshold (drafter compiled)"]
+    assert status == 0 and len(by) == 3 and compiled["same_as"] == "threshold" and compiled["same_fraction"] == 1
+    assert compiled["speedup_vs_eager"] == pytest.approx(compiled["tokens_per_s"] / simsd["tokens_per_s"])
+    assert compiled["nfe"] == simsd["nfe"] and compiled["draft_fwd_per_token"] == simsd["draft_fwd_per_token"]
+    assert rec["dynamo"]["graphs_after_warmup"] == 0
+
+
 def test_bench_exits_nonzero_when_a_lossless_method_differs(monkeypatch, capsys):
     real = bench.spiffy_generate
 

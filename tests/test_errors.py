@@ -182,7 +182,7 @@ CASES = {
     "bench-block-size-not-numbers": (None, "bench.py --block-size 4,x", "comma-separated integers"),
     "bench-unknown-method": (None, "bench.py --methods plain,medusa", "unknown method 'medusa'"),
     "bench-compile-mode": (None, "bench.py --compile fast", "invalid choice: 'fast'"),
-    "bench-compile-drafter-none": (None, "bench.py --methods threshold --compile drafter", "runs no drafter"),
+    "bench-compile-drafter-none": (None, "bench.py --methods threshold --compile drafter", "none of --methods runs a drafter"),
     "bench-prompts-0": (None, "bench.py --prompts 0", "--prompts must be >= 1"),
     "bench-unknown-ablation": (None, "bench.py --ablate speed", "unknown --ablate"),
     "bench-sdar-threshold": (None, "bench.py --methods sdar+threshold", "unknown method 'sdar+threshold'"),

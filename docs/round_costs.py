@@ -112,7 +112,7 @@ for B in sizes:
                 sync()
                 total[name] += 0 if warm else time.perf_counter() - t0
                 tokens[name] += 0 if warm else len(out)
-    print(f"B = {B}, {n} problems, {f'--compile {args.compile}' if args.compile else 'eager'}: each part's share of "
+    print(f"B = {B}, {n} problems, {'the drafter compiled' if args.compile == 'drafter' else 'compiled' if args.compile else 'eager'}: each part's share of "
           f"decode time (ms a token in all; a drafter forward x a target forward)")
     print(f"{'':14s}" + "".join(f"{p:>17s}" for p in PARTS) + f"{'loop, rest':>12s}"
           f"{'outside forwards':>18s}{'ms/token':>10s}{'drafter fwd x':>15s}")

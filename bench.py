@@ -25,7 +25,7 @@ object. Exit status 1 if a lossless method differs from its counterpart in fp32 
     python bench.py --block-size 4,8,32 --prompts 40 --repeats 2 --out docs/bench.json
     python bench.py --quick                # smoke test, < 60 s on 2 CPU cores
     python bench.py --compile both --block-size 4,8 --prompts 40   # eager and compiled rows, one run
-    python bench.py --compile drafter --methods threshold,simsd    # simsd's drafter eager and compiled
+    python bench.py --compile drafter --methods threshold,simsd    # its drafter eager, then compiled
     python bench.py --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --data gsm8k.jsonl \\
         --device cuda --dtype bfloat16 --compile --chat
 """
@@ -60,8 +60,8 @@ METHODS = ("sdar", "plain", "threshold", "simsd-gated", "simsd-lossless+threshol
 LOSSLESS = ("sdar", *(m for m in SIMSD if "lossless" in SIMSD[m].values()), "spiffy")   # exact: must equal plain
 SPECS = {"none": "threshold", "simsd": "simsd-lossless+threshold", "spiffy": "spiffy+threshold"}  # sample.py's
 ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "position order", dict(order="position")))
-COMPILED = " compiled"   # --compile both: the compiled rows' names end so
-DRAFTER_COMPILED = " (drafter compiled)"   # --compile drafter: the drafted methods' second rows
+TAGS = {"both": " compiled", "drafter": " (drafter compiled)"}   # --compile both / drafter: the extra rows' names end so
+COMPILED, DRAFTER_COMPILED = TAGS.values()
 PAIRS = {"copies": ("all copies", dict(cost=None)), "commit": ("fused commit", dict(copy_commit=False))}  # --sweep
 
 
@@ -141,7 +141,7 @@ def summarize(stats, outs, tasks, tok, wall):
 
 
 COLUMNS = [("method", "method", "{}"), ("B", "block_size", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"),
-           ("x thr", "speedup_vs_threshold", "{:.2f}"), ("x sdar", "speedup_vs_sdar", "{:.2f}"),
+           ("x thr", "speedup_vs_threshold", "{:.2f}"), ("x sdar", "speedup_vs_sdar", "{:.2f}"), ("x eager", "speedup_vs_eager", "{:.2f}"),
            ("tgt fwd/tok", "target_fwd_per_token", "{:.3f}"), ("drf fwd/tok", "draft_fwd_per_token", "{:.2f}"),
            ("tok/tgt fwd", "tokens_per_target_fwd", "{:.2f}"), ("of limit", "fraction_of_limit", "{:.0%}"),
            ("mean/round", "mean_per_round", "{:.2f}"), ("accuracy", "accuracy", "{:.1%}"),
@@ -150,10 +150,11 @@ COLUMNS = [("method", "method", "{}"), ("B", "block_size", "{}"), ("tok/s", "tok
 
 
 def table(rows):
-    cells = [[f.format(r[k]) for _, k, f in COLUMNS] for r in rows]
-    widths = [max(len(c[0]), *(len(x[i]) for x in cells)) for i, c in enumerate(COLUMNS)]
+    columns = [c for c in COLUMNS if any(c[1] in r for r in rows)]     # x eager: with --compile both or drafter
+    cells = [[f.format(r.get(k, float("nan"))) for _, k, f in columns] for r in rows]
+    widths = [max(len(c[0]), *(len(x[i]) for x in cells)) for i, c in enumerate(columns)]
     line = lambda xs: "  ".join(x.rjust(w) for x, w in zip(xs, widths))
-    return "\n".join([line([c for c, _, _ in COLUMNS])] + [line(x) for x in cells] + [
+    return "\n".join([line([c for c, _, _ in columns])] + [line(x) for x in cells] + [
         f"* GPU fwd/tok: target-forward equivalents per token, {GPU_MODEL['pair']}: a model of the "
         f"counted forwards, not a measurement"])
 
@@ -245,11 +246,12 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     methods = [SPECS.get(m, m) for m in methods]     # rows under the names of what they run
     check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, drafter=drafter,
                sweep=sweep, ablate=ablate or None, draft_budget=draft_budget, **simsd_kw)
-    if compile == "drafter" and not any(parse_method(m)[0] in DRAFTED for m in methods):
+    drafted, tag = any(parse_method(m)[0] in DRAFTED for m in methods), TAGS.get(compile)
+    if compile == "drafter" and not drafted:
         raise ValueError("--compile drafter: none of --methods runs a drafter (simsd does)")
     dtype, limit_hits = getattr(torch, dtype) if dtype else None, cli.RecompileLimitHits() if compile else None
-    tgt, tok, drf = cli.load_models(target, (drafter or "") if any(parse_method(m)[0] in DRAFTED for m in methods)
-                                    else None, block_sizes, device, dtype, compile not in ("both", "drafter") and compile, stop_ids)
+    tgt, tok, drf = cli.load_models(target, (drafter or "") if drafted else None, block_sizes, device, dtype,
+                                    not tag and compile, stop_ids)
     pairs = {"": (tgt, drf), COMPILED: compile == "both" and cli.compiled_copies(tgt, drf),
              DRAFTER_COMPILED: compile == "drafter" and (tgt, *cli.compiled_copies(drf))}
     kind, tasks = tasks, load_tasks(data, prompts, tok, chat, tasks)
@@ -260,16 +262,12 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     # every method is compared with its plain counterpart (plain or threshold): run it too
     methods = list(methods) + [p for p in ("plain", "threshold") if p not in methods and any(
         parse_method(m)[1] == (p == "threshold") for m in methods)]
-    plan = {k: v for tag, (t, d) in ((k, p) for k, p in pairs.items() if p) for k, v in plan_runs(
-        [m for m in methods if tag != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep, ablate, strategy, draft_budget or DRAFT_BUDGET, cost, tag,
-        **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
+    plan = {k: v for end, (t, d) in ((k, p) for k, p in pairs.items() if p) for k, v in plan_runs(
+        [m for m in methods if end != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep,
+        ablate, strategy, draft_budget or DRAFT_BUDGET, cost, end, **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
     outputs, results, graphs_after_warmup = measure(plan, tasks, max_new_tokens, tok, repeats, device,
-                                                    lambda name: compile and (compile not in ("both", "drafter") or name.endswith(
-                                                        COMPILED) or name.endswith(DRAFTER_COMPILED)))
+                                                    lambda name: compile and (not tag or name.endswith(tag)))
     rows, failed = compare(plan, outputs, results, tasks, exact=dtype in (None, torch.float32))
-    notes += [f"B={B} compiled x eager, tokens/s in this run: " + ", ".join(
-        f"{r['method']} {r['speedup_vs_eager']:.2f}" for r in rows
-        if r["block_size"] == B and "speedup_vs_eager" in r) for B in block_sizes if compile in ("both", "drafter")]
     print("\n".join([table(rows)] + [f"{r['method']} B={r['block_size']} rounds ended: {r['round_ends']}"
                                      for r in rows if r["round_ends"]] + notes + [f"FAILED: {f}" for f in failed]))
     dynamo = limit_hits.report(counters, graphs_after_warmup) if compile else {}

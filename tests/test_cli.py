@@ -155,7 +155,7 @@ def test_bench_compile_both_runs_every_method_eager_and_compiled_in_one_run(monk
         assert by[m + " compiled"]["speedup_vs_eager"] == pytest.approx(
             by[m + " compiled"]["tokens_per_s"] / by[m]["tokens_per_s"])
         assert by[m + " compiled"]["nfe"] == by[m]["nfe"] and by[m + " compiled"]["same_fraction"] == 1
-    assert by["threshold compiled"]["speedup_vs_threshold"] == 1 and "B=4 compiled x eager" in out
+    assert by["threshold compiled"]["speedup_vs_threshold"] == 1 and " x eager" in out
     assert rec["dynamo"]["graphs_after_warmup"] == rec["dynamo"]["recompile_limit_hits"] == 0
 
 

@@ -85,9 +85,8 @@ def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=
 
 def compile_models(target, drafter, how):
     """--compile `how` for both models (drafter None: none), or "drafter": the drafter alone,
-    "auto". On a CPU a drafter forward is mostly per-op overhead, which compiling removes, and
-    its cache grows by a block a round, which dynamic shapes take without recompiling
-    (README, "Compiled against eager")."""
+    "auto" (on a CPU its forward then costs about 0.2 of the eager target's, against about 0.3
+    eager: README, "Compiled against eager")."""
     if how == "drafter" and drafter is None:
         raise ValueError("--compile drafter: this method runs no drafter (--spec simsd with one does)")
     for m in (target, drafter) if how else ():
@@ -100,8 +99,8 @@ def compile_model(model, how="auto"):
     "dynamic"-shape graph (model.compile_dynamic); "auto": static on CUDA, dynamic on
     the CPU (faster there: docs/results.md, "Compiled decoding")."""
     how = "auto" if how is True else how
-    if how not in COMPILE_MODES[:-1]:
-        raise ValueError(f"--compile {how!r}: choose from {', '.join(COMPILE_MODES)}")
+    if how not in COMPILE_MODES[:-1]:     # ("drafter" is compile_models'; one model is compiled here)
+        raise ValueError(f"--compile {how!r}: choose from {', '.join(COMPILE_MODES[:-1])}")
     cuda = model.embed.weight.is_cuda
     if how == "static" or (how == "auto" and cuda):
         model.compile_decoding(**dict(mode="reduce-overhead") if cuda else {})

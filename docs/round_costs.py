@@ -102,7 +102,7 @@ for B in sizes:
                                                        reference="lookup")}
     total, tokens = defaultdict(float), defaultdict(int)
     for warm in (True, False):
-        T.clear()
+        T.clear(), N.clear()
         for ids in prompts:
             for name, run in methods.items():
                 where[0] = name

@@ -87,11 +87,13 @@ def compile_models(target, drafter, how):
     """--compile `how` for both models (drafter None: none), or "drafter": the drafter alone,
     "auto" (on a CPU its forward then costs about 0.2 of the eager target's, against about 0.3
     eager: README, "Compiled against eager")."""
-    if how == "drafter" and drafter is None:
-        raise ValueError("--compile drafter: this method runs no drafter (--spec simsd with one does)")
+    if how == "drafter":
+        if drafter is None:
+            raise ValueError("--compile drafter: this method runs no drafter (--spec simsd with one does)")
+        return compile_model(drafter, "auto")
     for m in (target, drafter) if how else ():
-        if m is not None and not (how == "drafter" and m is target):
-            compile_model(m, "auto" if how == "drafter" else how)
+        if m is not None:
+            compile_model(m, how)
 
 
 def compile_model(model, how="auto"):

@@ -252,8 +252,8 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     dtype, limit_hits = getattr(torch, dtype) if dtype else None, cli.RecompileLimitHits() if compile else None
     tgt, tok, drf = cli.load_models(target, (drafter or "") if drafted else None, block_sizes, device, dtype,
                                     not tag and compile, stop_ids)
-    pairs = {"": (tgt, drf), COMPILED: compile == "both" and cli.compiled_copies(tgt, drf),
-             DRAFTER_COMPILED: compile == "drafter" and (tgt, *cli.compiled_copies(drf))}
+    pairs = {"": (tgt, drf)} | ({tag: cli.compiled_copies(tgt, drf) if compile == "both" else (tgt, *cli.compiled_copies(drf))}
+                                if tag else {})   # the same models again, compiled: both, or the drafter alone
     kind, tasks = tasks, load_tasks(data, prompts, tok, chat, tasks)
     notes = [f"{target} has no chat_template: the prompts are in ChatML"] * (chat and tok.chat_template is None)
     graphs = graphs_for(target, tgt, lambda: calibration_prompts(data, len(tasks), tok, chat, notes), notes)
@@ -262,7 +262,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     # every method is compared with its plain counterpart (plain or threshold): run it too
     methods = list(methods) + [p for p in ("plain", "threshold") if p not in methods and any(
         parse_method(m)[1] == (p == "threshold") for m in methods)]
-    plan = {k: v for end, (t, d) in ((k, p) for k, p in pairs.items() if p) for k, v in plan_runs(
+    plan = {k: v for end, (t, d) in pairs.items() for k, v in plan_runs(
         [m for m in methods if end != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep,
         ablate, strategy, draft_budget or DRAFT_BUDGET, cost, end, **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
     outputs, results, graphs_after_warmup = measure(plan, tasks, max_new_tokens, tok, repeats, device,

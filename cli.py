@@ -86,8 +86,8 @@ def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=
 
 def compile_models(target, drafter, how):
     """--compile `how` for both models (drafter None: none), or "drafter": the drafter alone,
-    "auto" (on a CPU its forward then costs about 0.2 of the eager target's, against about 0.3
-    eager: README, "Compiled against eager")."""
+    "auto" (on a CPU its forward then costs about a quarter of the eager target's, against
+    about a third eager: README, "The drafter compiled alone")."""
     if how == "drafter":
         if drafter is None:
             raise ValueError("--compile drafter: this method runs no drafter (--spec simsd with one does)")

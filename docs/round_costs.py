@@ -66,13 +66,13 @@ sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: No
 target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", sizes, args.device,
                                        getattr(torch, args.dtype) if args.dtype else None, args.compile)
 prompts = [ids for ids, _ in load_tasks(None, n, tok, False)]
-T, N, stack, where = defaultdict(float), defaultdict(int), [], [""]
-OPS, parts = defaultdict(int), []        # --ops: aten ops by (method, innermost part)
+T, N, stack, where = defaultdict(float), defaultdict(int), [], [""]   # stack: [part, inner time]
+OPS = defaultdict(int)                   # --ops: aten ops by (method, innermost part)
 
 
 class CountOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        OPS[(where[0], parts[-1] if parts else "loop, rest")] += 1
+        OPS[(where[0], stack[-1][0] if stack else "loop, rest")] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -82,17 +82,17 @@ def timed(owner, name, key):
 
     def wrapped(*a, **k):
         part = key(a) if callable(key) else key
-        stack.append(0.0), parts.append(part)
+        stack.append([part, 0.0])
         t0 = time.perf_counter()
         try:
             return f(*a, **k)
         finally:
             sync()
-            took, inner, _ = time.perf_counter() - t0, stack.pop(), parts.pop()
+            took, inner = time.perf_counter() - t0, stack.pop()[1]
             T[(where[0], part)] += took - inner
             N[(where[0], part)] += 1
             if stack:
-                stack[-1] += took
+                stack[-1][1] += took
     setattr(owner, name, wrapped)
 
 

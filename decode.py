@@ -290,9 +290,10 @@ class Session:
             if self.pending is not None:     # (it would land above the block before it)
                 raise RuntimeError("a block kept from its copy after a pending one")
             B, src = self.block_size, self.queries_at + copy * self.block_size
-            for layer in self.model.layers:
-                for t in (layer.attn.cache.k, layer.attn.cache.v):
-                    t[:, :, self.committed:self.committed + B] = t[:, :, src:src + B].clone()
+            if src != self.committed:   # (block-aligned rows: the same rows, or apart)
+                for layer in self.model.layers:
+                    for t in (layer.attn.cache.k, layer.attn.cache.v):
+                        t[:, :, self.committed:self.committed + B] = t[:, :, src:src + B]
             self.committed += B
             return
         self.pending = block if self.pending is None else torch.cat([self.pending, block])

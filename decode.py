@@ -291,9 +291,8 @@ class Session:
                 raise RuntimeError("a block kept from its copy after a pending one")
             B, src = self.block_size, self.queries_at + copy * self.block_size
             if src != self.committed:   # (block-aligned rows: the same rows, or apart)
-                for layer in self.model.layers:
-                    for t in (layer.attn.cache.k, layer.attn.cache.v):
-                        t[:, :, self.committed:self.committed + B] = t[:, :, src:src + B]
+                kv = self.model.kv          # every layer's keys and values: one copy
+                kv[..., self.committed:self.committed + B, :] = kv[..., src:src + B, :]
             self.committed += B
             return
         self.pending = block if self.pending is None else torch.cat([self.pending, block])

@@ -113,11 +113,11 @@ def rope(x, cos, sin):
 
 
 class KVCache(nn.Module):
-    def __init__(self, batch, n_kv_head, max_len, head_dim, dtype, device):
+    """One layer's keys and values: views into the model's one cache tensor (setup_cache)."""
+    def __init__(self, k, v):
         super().__init__()
-        shape = (batch, n_kv_head, max_len, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("k", k, persistent=False)
+        self.register_buffer("v", v, persistent=False)
 
     def update(self, start, k, v):
         """Write k, v (b, n_kv, T, hd) at rows [start, start + T); -> the keys and values to
@@ -195,6 +195,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.attn_impl = None  # "flex" or "sdpa"; None: flex compiled on CUDA, else SDPA (faster)
         self.static_trunk = None  # compile_decoding: the trunk compiled for static shapes
+        self.kv = None  # setup_cache: every layer's keys and values, one tensor
         self.apply(self._init_weights)
 
     def _init_weights(self, m):
@@ -205,14 +206,15 @@ class Transformer(nn.Module):
         """Allocate the static KV cache: max_len rows = committed blocks + scratch. A cache
         allocated before is kept if it has room, so one cache serves every prompt of a run;
         lengths round up to a power of two, so that a compiled forward sees few cache shapes."""
-        p, old = self.embed.weight, self.layers[0].attn.cache
+        p, old, c = self.embed.weight, self.kv, self.config
         max_len = max(256, 1 << (max_len - 1).bit_length())
-        if old is not None and old.k.shape[0] == batch and old.k.shape[2] >= max_len \
-                and old.k.dtype == p.dtype and old.k.device == p.device:
+        if old is not None and self.layers[0].attn.cache is not None and old.shape[2] == batch \
+                and old.shape[4] >= max_len and old.dtype == p.dtype and old.device == p.device:
             return
-        for layer in self.layers:
-            layer.attn.cache = KVCache(batch, self.config.n_kv_head, max_len,
-                                       self.config.head_dim, p.dtype, p.device)
+        self.kv = torch.zeros(c.n_layer, 2, batch, c.n_kv_head, max_len, c.head_dim,
+                              dtype=p.dtype, device=p.device)   # (layer, k or v, b, nkv, row, hd)
+        for layer, (k, v) in zip(self.layers, self.kv):    # (detached: views autograd lets be written)
+            layer.attn.cache = KVCache(k.detach(), v.detach())
 
     def forward(self, idx, pos=None, start=None, mask=None, keep=None, rows=None):
         """idx: (b, T) token ids. pos: (b, T) or (T,) RoPE positions (default start + arange).

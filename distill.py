@@ -61,15 +61,21 @@ def pair(target_dir, drafter_dir, device):
 
 def answers(target, tok, prompts, path, max_new_tokens, chat):
     """The target's threshold-rule answer to each prompt, appended to `path` (JSONL of prompt
-    and answer ids) as it goes; a restart reads what is there and goes on. -> [(prompt ids,
-    answer ids + its stop id)]."""
+    and answer ids) as it goes; a restart reads what is there and goes on, as it does from an
+    earlier run's answers copied in, whose prompts began these. -> [(prompt ids, answer ids +
+    its stop id)]."""
     done = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    encode = lambda rec: tok.encode(tok.apply_chat_template(rec["question"]) if chat else rec["question"])  # noqa: E731
+    for i, d in enumerate(done):
+        if i >= len(prompts) or d["prompt"] != encode(prompts[i][1]):
+            raise ValueError(f"{path} line {i + 1} is not the answer to --prompts line {i + 1}: "
+                             "remove it, or choose another --out")
     rule = cli.make_rule(target, target.config.block_size, cli.THRESHOLD)
     stop = target.config.eos_token_id
     with path.open("a") as f:
         for _, rec in tqdm(prompts[len(done):], desc="the target's answers", initial=len(done),
                            total=len(prompts)):
-            ids = tok.encode(tok.apply_chat_template(rec["question"]) if chat else rec["question"])
+            ids = encode(rec)
             out, _ = generate(target, ids, max_new_tokens, rule)
             done.append(dict(prompt=ids, answer=out + [stop]))
             f.write(json.dumps(done[-1]) + "\n")

@@ -244,6 +244,22 @@ def test_distill_py_trains_a_drafter_toward_its_targets_answers_and_resumes(tmp_
     assert json.loads((out / "distill_log.json").read_text())[-1]["iter"] == 17
 
 
+def test_answers_go_on_from_an_earlier_runs_and_refuse_other_prompts(tmp_path):
+    """answers.jsonl copied from a run whose prompts began these is gone on from, as a restart
+    is, to the answers a fresh run gives; answers to other prompts are refused by line."""
+    import distill
+    import util
+    teacher, _, tok, _ = distill.pair(target_dir(tmp_path), target_dir(tmp_path, "drafter", seed=5), "cpu")
+    read = lambda n: util.read_prompts(prompts_file(tmp_path, n), "--prompts")   # noqa: E731
+    first = distill.answers(teacher, tok, read(3), tmp_path / "a.jsonl", 8, False)
+    more = distill.answers(teacher, tok, read(5), tmp_path / "a.jsonl", 8, False)
+    assert more[:3] == first and more == distill.answers(teacher, tok, read(5), tmp_path / "b.jsonl", 8, False)
+    with pytest.raises(ValueError, match="a.jsonl line 1 is not the answer to --prompts line 1"):
+        distill.answers(teacher, tok, read(5)[1:], tmp_path / "a.jsonl", 8, False)
+    with pytest.raises(ValueError, match="line 4 is not the answer to --prompts line 4"):
+        distill.answers(teacher, tok, read(3), tmp_path / "a.jsonl", 8, False)   # more answers than prompts
+
+
 def test_distill_py_refuses_a_target_of_another_vocabulary(tmp_path):
     import distill
     target, drafter = target_dir(tmp_path, vocab=4096), target_dir(tmp_path, "drafter", seed=5)

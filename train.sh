@@ -2,7 +2,7 @@
 # The embedded pair from nothing, every step of it (docs/results.md, "The embedded models"):
 # the data, the two training stages, the Spiffy graphs, the cost tables, the report.
 #
-#   bash train.sh            # about 6 h 40 min on 2 CPU cores; run it again to go on after a stop
+#   bash train.sh            # about 8 h 20 min on 2 CPU cores; run it again to go on after a stop
 #
 # Each step is train.py (or distill.py) with the flags below. A finished step leaves
 # out/<step>.done and is skipped the next time; an interrupted one goes on from its last
@@ -50,19 +50,33 @@ step drafter-5 --preset drafter --finetune --distill models/target --iters 1200 
 # of), 1500 iterations; about 15 min (2 min 30 s of answers). Then 3000 more iterations from it
 # at a lower rate (docs/results.md, "Longer on the target's decoding states"); about 26 min;
 # then 4000 more at a lower rate still ("Longer still"); about 36 min; then 4000 more on the
-# answers to 12000 questions (the first 4000 as before; 8 min of answers, 32 min). The last one
-# replaces models/drafter.
-distil() {  # name, then distill.py's flags
+# answers to 12000 questions (5 min of answers, 32 min), twice 4000 more on those (31 and 35
+# min), and 4000 more on the answers to 24000 ("On more of its answers"; 10 min of answers, 31
+# min). The last one replaces models/drafter. Each step starts from the weights and the answers
+# of the step before: the target's answers to the same questions are the same, so a step
+# decodes only the questions the one before had not.
+distil() {  # name, the step it goes on from (or -), then distill.py's flags
+    local from=()
+    if [ "$2" != - ]; then
+        from=(--drafter "out/$2")
+        [ -f "out/$1.done" ] || [ -f "out/$1/answers.jsonl" ] \
+            || { mkdir -p "out/$1" && cp "out/$2/answers.jsonl" "out/$1/"; }
+    fi
     run "$1" distill.py --prompts out/train_questions.jsonl --out "out/$1" --max-new-tokens 64 \
-        --distill-weight 0.5 --teacher-order --threads 1 "${@:2}"
+        --distill-weight 0.5 --teacher-order --threads 1 "${from[@]}" "${@:3}"
 }
-[ -f out/train_questions.jsonl ] || python prepare.py --questions out/train_questions.jsonl
-distil drafter-6 --iters 1500
-distil drafter-7 --drafter out/drafter-6 --iters 3000 --lr 1.5e-4 --warmup 0
-distil drafter-8 --drafter out/drafter-7 --iters 4000 --lr 1e-4 --warmup 0
-[ -f out/train_questions_12k.jsonl ] || python prepare.py --questions out/train_questions_12k.jsonl --n_questions 12000
-distil drafter-9 --drafter out/drafter-8 --iters 4000 --lr 1e-4 --warmup 0 --prompts out/train_questions_12k.jsonl
-for f in config.json model.safetensors tokenizer.model distill_log.json; do cp "out/drafter-9/$f" models/drafter/; done
+questions() { [ -f "$1" ] || python prepare.py --questions "$1" --n_questions "$2"; }   # file, count
+questions out/train_questions.jsonl 4000
+distil drafter-6 - --iters 1500
+distil drafter-7 drafter-6 --iters 3000 --lr 1.5e-4 --warmup 0
+distil drafter-8 drafter-7 --iters 4000 --lr 1e-4 --warmup 0
+questions out/train_questions_12k.jsonl 12000
+distil drafter-9 drafter-8 --iters 4000 --lr 1e-4 --warmup 0 --prompts out/train_questions_12k.jsonl
+distil drafter-10 drafter-9 --iters 4000 --lr 1e-4 --warmup 0 --prompts out/train_questions_12k.jsonl
+distil drafter-11 drafter-10 --iters 4000 --lr 1e-4 --warmup 0 --prompts out/train_questions_12k.jsonl
+questions out/train_questions_24k.jsonl 24000
+distil drafter-12 drafter-11 --iters 4000 --lr 1e-4 --warmup 0 --prompts out/train_questions_24k.jsonl
+for f in config.json model.safetensors tokenizer.model distill_log.json; do cp "out/drafter-12/$f" models/drafter/; done
 python calibrate.py                                                  # the graphs, next to the target
 python costs.py                    # the cost tables (a quiet machine: they are timings), next to it too
 python train.py --report

@@ -78,11 +78,16 @@ def test_size_budgets():
 
 
 def test_the_training_recipe_is_a_valid_script_of_train_py_steps():
-    """train.sh (the embedded pair from nothing) parses, and each step's flags are train.py's."""
+    """train.sh (the embedded pair from nothing) parses, and each step's flags are its script's
+    (train.py's, or distill.py's)."""
     import subprocess
     script = ROOT / "train.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    flags = set(re.findall(r"--[a-z-]+", (ROOT / "train.py").read_text()))
-    for line in script.read_text().splitlines():
-        if line.startswith("step "):
-            assert set(re.findall(r"--[a-z-]+", line)) <= flags, line
+    flags = {kind: set(re.findall(r"--[a-z-]+", (ROOT / f"{name}.py").read_text()))
+             for kind, name in (("step", "train"), ("distil", "distill"))}
+    lines = script.read_text().splitlines()
+    for line in lines:
+        kind = line.split(" ")[0]
+        if kind in flags:
+            assert set(re.findall(r"--[a-z-]+", line)) <= flags[kind], line
+    assert sum(line.startswith("distil ") for line in lines) >= 7

@@ -213,7 +213,7 @@ class Transformer(nn.Module):
             return
         self.kv = torch.zeros(c.n_layer, 2, batch, c.n_kv_head, max_len, c.head_dim,
                               dtype=p.dtype, device=p.device)   # (layer, k or v, b, nkv, row, hd)
-        for layer, (k, v) in zip(self.layers, self.kv):    # (detached: views autograd lets be written)
+        for layer, (k, v) in zip(self.layers, self.kv):   # detached views: writable under grad too
             layer.attn.cache = KVCache(k.detach(), v.detach())
 
     def forward(self, idx, pos=None, start=None, mask=None, keep=None, rows=None):

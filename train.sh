@@ -1,6 +1,7 @@
 #!/bin/bash
 # The embedded pair from nothing, every step of it (docs/results.md, "The embedded models"):
-# the data, the two training stages, the Spiffy graphs, the cost tables, the report.
+# the data, the two training stages, the Spiffy graphs, the cost tables, the report, the
+# greedy fixture.
 #
 #   bash train.sh            # about 8 h 20 min on 2 CPU cores; run it again to go on after a stop
 #
@@ -80,3 +81,4 @@ for f in config.json model.safetensors tokenizer.model distill_log.json; do cp "
 python calibrate.py                                                  # the graphs, next to the target
 python costs.py                    # the cost tables (a quiet machine: they are timings), next to it too
 python train.py --report
+python tests/fixtures/record_greedy.py      # the greedy output tests/test_cli.py checks the pair against

@@ -18,6 +18,7 @@ import sample
 import sol
 import train
 from conftest import tiny_corpus
+from fixtures.record_greedy import FIXTURE, greedy
 from decode import generate
 from model import PRESETS, ModelConfig, Transformer
 from prepare import extract_answer, problems
@@ -25,7 +26,6 @@ from cli import DEFAULT_DRAFTER, DEFAULT_TARGET
 from speculate import simsd_generate
 from tokenizer import load_tokenizer
 
-FIXTURE = Path(__file__).parent / "fixtures" / "embedded_greedy.json"
 
 
 def last_json(text):
@@ -52,10 +52,7 @@ def test_shipped_models_reproduce_the_recorded_greedy_output():
     """Guards the checkpoints and the whole decode path against silent changes."""
     fixture = json.loads(FIXTURE.read_text())
     for name, path in (("target", DEFAULT_TARGET), ("drafter", DEFAULT_DRAFTER)):
-        model, tok = cli.load(path)
-        rule = cli.make_rule(model, 4)
-        out, _ = generate(model, tok.encode(fixture["prompt"]), 48, rule, eos_id=tok.eos_id)
-        assert out == fixture[name], name
+        assert greedy(path, fixture["prompt"]) == fixture[name], name
 
 
 def test_simsd_on_the_embedded_models_commits_many_tokens_per_target_forward():

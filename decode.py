@@ -89,26 +89,35 @@ class DecodeRule:
                 }.get(self.strategy, self.strategy)
         sampled = f", temperature {self.temperature:g}" if self.temperature else ", greedy"
         return f"{name}, B={self.block_size}{sampled}"
-    def scaled(self, logits):
-        """(n, V) logits -> [logits, version, logits / temperature in fp32, their logsumexp,
-        probs or None], computed once for one logits tensor: the rule, the walk's hint and
-        Spiffy's ranks all read the same forward's (a tensor changed in place is read anew)."""
+    def read(self, logits, what):
+        """What the decoders read from one forward's (n, V) logits, each computed once, when
+        first asked for, and kept while `logits` is the same unchanged tensor (the rule, the
+        walk's hint, Spiffy's ranks and the drafter read the same forward's):
+          scaled   fp32 logits / temperature
+          lse      their logsumexp over the whole vocabulary: SDAR's confidence is exp(scaled - lse)
+          no_mask  scaled, the mask token's at -inf (revealing a mask would reveal nothing)
+          probs    the distribution tokens are drawn from: no_mask, then top-k and top-p"""
         memo = self.__dict__.get("_memo")
-        if memo is None or memo[0] is not logits or memo[1] != logits._version:
-            scaled = logits.float()
-            scaled = scaled / self.temperature if self.temperature not in (0, 1) else scaled
-            memo = [logits, logits._version, scaled, scaled.logsumexp(-1), None]
-            self.__dict__["_memo"] = memo
-        return memo
+        if memo is None or memo["of"] is not logits or memo["version"] != logits._version:
+            memo = self.__dict__["_memo"] = dict(of=logits, version=logits._version)
+        if what not in memo:
+            memo[what] = getattr(self, "_" + what)(logits)
+        return memo[what]
 
-    def probs(self, logits):
-        """(n, V) logits -> (n, V) fp32 distribution tokens are drawn from: temperature, the
-        mask token removed (revealing a mask would reveal nothing), then top-k and top-p."""
-        memo = self.scaled(logits)
-        if memo[4] is not None:
-            return memo[4]
-        logits = memo[2].clone()
-        logits[:, self.mask_id] = -math.inf
+    def _scaled(self, logits):
+        scaled = logits.float()
+        return scaled / self.temperature if self.temperature not in (0, 1) else scaled
+
+    def _lse(self, logits):
+        return self.read(logits, "scaled").logsumexp(-1)
+
+    def _no_mask(self, logits):
+        scaled = self.read(logits, "scaled").clone()
+        scaled[..., self.mask_id] = -math.inf    # (a scalar index: no host-to-device copy)
+        return scaled
+
+    def _probs(self, logits):
+        logits = self.read(logits, "no_mask")    # (never changed in place below)
         if self.top_k is not None:
             kth = logits.topk(min(self.top_k, logits.shape[-1])).values[:, -1:]
             logits = logits.masked_fill(logits < kth, -math.inf)
@@ -117,31 +126,31 @@ class DecodeRule:
             cum = sorted_logits.softmax(-1).cumsum(-1)
             drop = cum - sorted_logits.softmax(-1) >= self.top_p   # keep the smallest nucleus
             logits = logits.masked_fill(drop.scatter(-1, order, drop), -math.inf)
-        memo[4] = logits.softmax(-1)
-        return memo[4]
+        return logits.softmax(-1)
+
+    def probs(self, logits):
+        """(n, V) logits -> (n, V) fp32 distribution tokens are drawn from: temperature, the
+        mask token removed, then top-k and top-p. A row's softmax is its own: probs(x)[rows]
+        is probs(x[rows]) to the bit."""
+        return self.read(logits, "probs")
 
     def confidence(self, logits, tokens):
         """SDAR's confidence of (n,) tokens under (n, V) logits: their probability under the
         temperature-scaled softmax over the whole vocabulary, before top-k / top-p."""
-        _, _, scaled, lse, _ = self.scaled(logits)                # no (n, V) softmax needed
+        scaled, lse = self.read(logits, "scaled"), self.read(logits, "lse")   # no softmax
         return (scaled.gather(-1, tokens[:, None]).squeeze(-1) - lse).exp()
 
     def top_confidence(self, logits):
         """(n,) SDAR's confidence of each row's most likely non-mask token (top-k and top-p
         always keep it), without building the filtered distribution."""
-        _, _, scaled, lse, _ = self.scaled(logits)
-        scaled = scaled.clone()                  # masked in place
-        scaled[..., self.mask_id] = -math.inf    # (a scalar index: no host-to-device copy)
-        return (scaled.amax(-1) - lse).exp()     # (amax: max without indices, several x faster)
+        top = self.read(logits, "no_mask").amax(-1)   # (amax: max without indices, faster)
+        return (top - self.read(logits, "lse")).exp()
 
     def best(self, logits):
         """(n,) each row's most likely non-mask token and its confidence (top_confidence's), in
         one pass over the logits (top-k and top-p never drop the most likely token)."""
-        _, _, scaled, lse, _ = self.scaled(logits)
-        scaled = scaled.clone()
-        scaled[..., self.mask_id] = -math.inf
-        top, tokens = scaled.max(-1)
-        return tokens, (top - lse).exp()
+        top, tokens = self.read(logits, "no_mask").max(-1)
+        return tokens, (top - self.read(logits, "lse")).exp()
 
     def pick(self, logits, generator=None, noise=None):
         """Per row of (n, V) logits: a token drawn from `probs` (argmax when greedy), its

@@ -55,7 +55,7 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
     cost (a cost table, costs.py): also stop once a step's last draft is not worth verifying
     (worth_verifying): later ones, each less likely, would be drafted for nothing."""
     B, block, rows, per_block, base = rule.block_size, block.clone(), [], [0], None
-    chance, ends = [], []
+    chance, ends, where, tau = [], [], [], []                        # host lists
     masked = [i for i, t in enumerate(to_host(block)[0]) if t == rule.mask_id]   # on the host
     left = min(gamma, len(masked) + lookahead * B)
     while left > 0:
@@ -71,15 +71,16 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
         conf, order = rule.top_confidence(logits).sort(descending=True, stable=True)
         conf, order_h = to_host(conf, order)                         # the one sync a step
         n = min(1 + sum(c > draft_threshold for c in conf[1:]) if draft_threshold else 1, left)
-        take = order[:n]
-        p = rule.probs(logits[take])                                 # (n, V): the drafted rows
+        take, drafted = order[:n], [masked[j] for j in order_h[:n]]
+        p = rule.probs(logits)[take]                                 # (n, V): the drafted rows
         tok = p.argmax(-1) if rule.temperature == 0 else \
             torch.multinomial(p, 1, generator=generator).squeeze(-1)
         block[at[take]] = tok
-        rows.append((at[take] + B * (len(per_block) - 1), tok, p))
-        masked = [i for j, i in enumerate(masked) if j not in order_h[:n]]     # (n <= B entries)
+        rows.append((tok, p))
+        where += [i + B * (len(per_block) - 1) for i in drafted]     # the position, blocks on
+        masked = [i for i in masked if i not in drafted]             # (n <= B entries)
         per_block[-1], left = per_block[-1] + n, left - n
-        ends += [False] * (n - 1) + [True]                           # Draft.step_end
+        tau, ends = tau + [len(rows)] * n, ends + [False] * (n - 1) + [True]  # tau, step_end
         if cost:
             last = chance[-1] if chance else 1.0
             chance += [last * c for c in p.gather(-1, tok[:, None]).squeeze(-1).cumprod(0).tolist()]
@@ -89,9 +90,8 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
             break
     if base is not None:                                             # roll the cache back
         sess.committed, sess.pending = base, None
-    tau = torch.cat([torch.full_like(r[0], s + 1) for s, r in enumerate(rows)])
-    return Draft(*map(torch.cat, zip(*rows)), tau, per_block, rule.mask_id, chance or None,
-                 step_end=ends)
+    (tokens, p), (where, tau) = map(torch.cat, zip(*rows)), to_device([where, tau], block.device)
+    return Draft(where, tokens, p, tau, per_block, rule.mask_id, chance or None, step_end=ends)
 
 
 def propose_drafts(dsess, rule, draft_kw, lookahead, stops, cost=None):

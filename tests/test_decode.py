@@ -172,3 +172,18 @@ def test_a_forwards_logits_are_scored_once_and_a_tensor_changed_in_place_anew():
     x[0, 5] += 4.0
     assert torch.equal(rule.probs(x), fresh(x)) and not torch.equal(rule.probs(x), p)
     assert torch.equal(rule.top_confidence(x), rule.best(x)[1])
+
+
+@pytest.mark.parametrize("kw", [{}, dict(temperature=0.7, top_k=5), dict(temperature=1.0, top_p=0.8)])
+def test_the_drafted_rows_probabilities_are_the_full_forwards_rows_to_the_bit(kw):
+    """The drafter takes its drafted rows' distribution from the memo of every row read
+    (speculate.draft: probs(logits)[take]): each row's softmax is its own, so it holds the
+    bits of probs(logits[take]), and the memo is left as it was (no_mask is read, not written)."""
+    g = torch.Generator().manual_seed(1)
+    for m in (1, 3, 8, 32):
+        x = torch.randn(m, 2048, generator=g) * 4
+        take = torch.randperm(m, generator=g)[:max(1, m // 3)]
+        rule = DecodeRule(3, 4, **kw)
+        conf = rule.top_confidence(x).clone()
+        assert torch.equal(rule.probs(x)[take], DecodeRule(3, 4, **kw).probs(x[take]))
+        assert torch.equal(rule.top_confidence(x), conf) and torch.equal(rule.read(x, "no_mask")[:, 3], torch.full((m,), -torch.inf))

@@ -58,18 +58,19 @@ class Draft:
     def states(self, block):
         """(m, B): the block before each draft and after the last (cumulative reveals); with
         lookahead, then each later block's, from all masks, after the block before it drafted
-        whole (complete)."""
-        B, chunks, at = len(block), [], 0
-        for b, nb in enumerate(self.per_block or [len(self.pos)]):
-            base = block if b == 0 else torch.full_like(block, self.mask_id)
-            p, t = self.pos[at:at + nb] - b * B, self.tokens[at:at + nb]
-            steps = torch.arange(nb + 1, device=block.device)
-            after = steps[:, None] > steps[None, :nb]
-            copies = base.repeat(nb + 1, 1)
-            copies[:, p] = torch.where(after, t, base[p])
-            chunks.append(copies)
-            at += nb
-        states = torch.cat(chunks)
+        whole (complete). Built at once: which copy holds which draft is known on the host."""
+        B, per = len(block), self.per_block or [len(self.pos)]
+        copy, draft, first, at = [], [], 0, 0   # host: copy c holds draft i, for each such pair
+        for nb in per:
+            for j in range(nb):                 # draft at + j: in the block's copies after it
+                copy += range(first + j + 1, first + nb + 1)
+                draft += [at + j] * (nb - j)
+            first, at = first + nb + 1, at + nb
+        states = block.repeat(first, 1)
+        if len(per) > 1:
+            states[per[0] + 1:] = self.mask_id  # later blocks' copies start from all masks
+        copy, draft = to_device([copy, draft], block.device)
+        states[copy, self.pos[draft] % B] = self.tokens[draft]
         return states if self.keep is None else states[self.kept_copies()]
 
     def kept_copies(self):

@@ -107,7 +107,7 @@ def compile_model(model, how="auto"):
     cuda = model.embed.weight.is_cuda
     if how == "static" or (how == "auto" and cuda):
         model.compile_decoding(**dict(mode="reduce-overhead") if cuda else {})
-    else:   # on a CPU, inductor's C++ wrapper: a compiled forward 7-11% faster (docs/results.md)
+    else:   # on a CPU, inductor's C++ wrapper: a compiled forward 5-12% faster (README)
         model.compile_dynamic(**{} if cuda else dict(options=dict(cpp_wrapper=True)))
 
 

@@ -86,7 +86,7 @@ def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=
 
 def compile_models(target, drafter, how):
     """--compile `how` for both models (drafter None: none), or "drafter": the drafter alone,
-    "auto" (on a CPU its forward then costs about a quarter of the eager target's, against
+    "auto" (on a CPU its forward then costs about a fifth of the eager target's, against
     about a third eager: README, "The drafter compiled alone")."""
     if how == "drafter":
         if drafter is None:

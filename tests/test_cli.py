@@ -27,7 +27,6 @@ from speculate import simsd_generate
 from tokenizer import load_tokenizer
 
 
-
 def last_json(text):
     return json.loads(text.strip().splitlines()[-1])
 

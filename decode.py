@@ -153,17 +153,15 @@ class DecodeRule:
         return tokens, (top - self.read(logits, "lse")).exp()
 
     def pick(self, logits, generator=None, noise=None):
-        """Per row of (n, V) logits: a token drawn from `probs` (argmax when greedy), its
-        confidence, and the distribution it was drawn from. noise: the rows' (n, V) Exp(1)
-        draws (default: drawn here). -> (tokens, confidence, p)."""
-        p = self.probs(logits)
+        """Per row of (n, V) logits: a token drawn from `probs` (greedy: the most likely one,
+        `best`'s, with no softmax), and its confidence. noise: the rows' (n, V) Exp(1) draws
+        (default: drawn here). -> (tokens, confidence)."""
         if self.temperature == 0:
-            tokens = p.argmax(-1)
-        else:  # torch.multinomial's own draw of one sample (the same tokens on the CPU)
-            if noise is None:
-                noise = torch.empty_like(p).exponential_(generator=generator)
-            tokens = (p / noise).argmax(-1)
-        return tokens, self.confidence(logits, tokens), p
+            return self.best(logits)
+        if noise is None:   # torch.multinomial's own draw of one sample (the same tokens on the CPU)
+            noise = torch.empty_like(logits, dtype=torch.float).exponential_(generator=generator)
+        tokens = (self.probs(logits) / noise).argmax(-1)
+        return tokens, self.confidence(logits, tokens)
 
     @property
     def stateless(self):
@@ -187,7 +185,7 @@ class DecodeRule:
             noise = torch.empty(block.numel(), rows.shape[-1], device=rows.device).exponential_(
                 generator=generator)
             noise = noise[packed_rows(block, self.mask_id, len(rows))] if packed else noise
-        tokens, confidence, p = self.pick(rows, generator, noise)
+        tokens, confidence = self.pick(rows, generator, noise)
         tokens, confidence = tokens[at], confidence[at]                 # (..., B)
         if self.strategy == "random":
             score = torch.rand(block.shape, generator=generator, device=block.device)
@@ -195,19 +193,21 @@ class DecodeRule:
             score = -torch.arange(block.shape[-1], device=block.device, dtype=torch.float)
             score = score.expand(block.shape)
         elif self.strategy == "entropy_bounded":                         # -entropy: surest first
+            p = self.probs(rows)
             score = (p * p.clamp(min=1e-30).log()).sum(-1)[at]
         else:
             score = confidence
-        score = score.masked_fill(~masked, -math.inf)
+        score = torch.where(masked, score, -math.inf)
         order = score.sort(dim=-1, descending=True, stable=True).indices  # ties: leftmost first
-        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(
-            block.shape[-1], device=order.device).expand_as(order))
-        reveal = rank < self.quota[min(step, self.steps - 1)]
-        if self.strategy == "low_confidence_dynamic":
-            reveal |= confidence > self.threshold
-        elif self.strategy == "entropy_bounded":                         # the run under the bound
-            under = (-score.gather(-1, order)).cumsum(-1) < self.eb_threshold
-            reveal = torch.zeros_like(masked).scatter_(-1, order, under) | (rank == 0)
+        if self.strategy == "entropy_bounded":     # the longest run under the bound, at least one
+            run = (-score.gather(-1, order)).cumsum(-1) < self.eb_threshold
+            run[..., 0] = True
+            reveal = torch.zeros_like(masked).scatter_(-1, order, run)
+        else:                                      # the step's quota of best positions
+            best = order[..., :self.quota[min(step, self.steps - 1)]]
+            reveal = torch.zeros_like(masked).scatter_(-1, best, True)
+            if self.strategy == "low_confidence_dynamic":
+                reveal |= confidence > self.threshold
         return torch.where(reveal & masked, tokens, block)
 
 

@@ -95,7 +95,7 @@ def accept_temporal(logits, block, d, rule, generator=None):
     if accepted < n:
         block[d.pos[accepted]] = correct(p_target[accepted], d.p_draft[accepted], rule, generator)
     elif len(logits) > n:  # all accepted, masks remain: bonus from the undrafted slots
-        tok, confidence, _ = rule.pick(logits[n:], generator)
+        tok, confidence = rule.pick(logits[n:], generator)
         best = confidence.sort(descending=True, stable=True).indices[0]
         block[(block == rule.mask_id).nonzero().squeeze(-1)[best]] = tok[best]
     return block, accepted

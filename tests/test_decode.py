@@ -120,6 +120,20 @@ def test_top_confidence_is_the_confidence_of_the_most_likely_token():
     torch.testing.assert_close(rule.top_confidence(logits), expected)
 
 
+@pytest.mark.parametrize("kw", [{}, dict(top_k=3), dict(top_p=0.5)], ids=["greedy", "top-k", "top-p"])
+def test_a_greedy_pick_is_the_argmax_of_probs_without_its_softmax(kw):
+    """Greedy, pick reads the most likely non-mask token off the logits (no softmax): the
+    argmax of the distribution it would draw from, ties to the lowest id, and the same
+    confidence bits as scoring that token."""
+    rule = DecodeRule(MASK, 4, **kw)
+    logits = torch.randn(40, V, generator=torch.Generator().manual_seed(1)) * 4
+    logits[0, MASK] = 50.0                                           # the mask is never picked
+    logits[1, 2] = logits[1, 4] = logits[1].max() + 1                # a tie: the lower id
+    tokens, confidence = rule.pick(logits)
+    assert torch.equal(tokens, rule.probs(logits).argmax(-1)) and tokens[1] == 2
+    assert torch.equal(confidence, rule.confidence(logits, tokens))
+
+
 def test_decoding_ends_at_the_first_of_several_stop_ids_or_when_on_block_says_so(tiny_model):
     model = tiny_model(vocab=97)
     prompt = [5, 17, 40, 8, 61]

@@ -97,6 +97,8 @@ class DecodeRule:
           lse      their logsumexp over the whole vocabulary: SDAR's confidence is exp(scaled - lse)
           no_mask  scaled, the mask token's at -inf (revealing a mask would reveal nothing)
           probs    the distribution tokens are drawn from: no_mask, then top-k and top-p"""
+        if torch.compiler.is_compiling():   # one graph shares the work itself, and the memo's
+            return getattr(self, "_" + what)(logits)   # checks would break it in 9 (tested)
         memo = self.__dict__.get("_memo")
         if memo is None or memo["of"] is not logits or memo["version"] != logits._version:
             memo = self.__dict__["_memo"] = dict(of=logits, version=logits._version)
@@ -158,7 +160,7 @@ class DecodeRule:
         (default: drawn here). -> (tokens, confidence)."""
         if self.temperature == 0:
             return self.best(logits)
-        if noise is None:   # torch.multinomial's own draw of one sample (the same tokens on the CPU)
+        if noise is None:   # torch.multinomial's own draw (the same tokens on a CPU)
             noise = torch.empty_like(logits, dtype=torch.float).exponential_(generator=generator)
         tokens = (self.probs(logits) / noise).argmax(-1)
         return tokens, self.confidence(logits, tokens)

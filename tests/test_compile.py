@@ -100,3 +100,18 @@ def test_dynamic_compiling_keeps_every_graph_of_a_bench_run(compile_):
             simsd_generate(target, drafter, prompt(n), 2 * b, rule, eos_id=-1, lookahead=1)
     logging.getLogger("torch._dynamo").removeHandler(hits)
     assert bool(hits.hits) == (compile_ == "torch")
+
+
+@pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "entropy_bounded"])
+def test_a_step_of_the_rule_traces_as_one_graph(strategy):
+    """Compiled (a decode step's rule in the forward's graph: docs/fused_step.py), the rule is
+    one graph: the memo that shares one forward's reads is skipped while tracing (its checks of
+    the logits' identity broke the rule into 9 graphs), and it gives eager's block."""
+    rule = DecodeRule(MASK_ID, B, strategy=strategy, threshold=0.6)
+    logits = torch.randn(B, 97, generator=torch.Generator().manual_seed(0))
+    block = torch.full((B,), MASK_ID)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(DecodeRule.__call__)(rule, logits, block, 0)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    compiled = torch.compile(DecodeRule.__call__, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(rule, logits, block, 0), rule(logits, block, 0))

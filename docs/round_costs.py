@@ -9,7 +9,8 @@ function that does it, here only: the decoders themselves time nothing.
   rule              DecodeRule.__call__: the decoding step (plain's, and the walk's)
   walk              verify.walk around the rule: which copy each new state is, host copies
   hint              what the next round's guesses are read from (spiffy.ranks,
-                    DecodeRule.best for the drafter-free references)
+                    DecodeRule.best for the drafter-free references; inside the rule,
+                    where a greedy step picks its tokens with it, the rule's)
   proposing         the guesses: the drafter's loop around its forwards (speculate.draft),
                     Spiffy's graph (draft_copies), trajectory / lookup, the drafted states
   loop, rest        everything else: the round loop, commits, stop checks, masks, positions
@@ -101,7 +102,7 @@ timed(decode.Session, "forward", lambda a: "target forwards" if a[0].model is ta
 timed(decode.DecodeRule, "__call__", "rule")
 timed(verify, "walk", "walk")
 timed(spiffy, "ranks", "hint")
-timed(decode.DecodeRule, "best", "hint")
+timed(decode.DecodeRule, "best", lambda a: "rule" if stack and stack[-1][0] == "rule" else "hint")
 for owner, name in ((speculate, "draft"), (spiffy, "draft_copies"), (speculate, "trajectory"),
                     (speculate, "lookup_draft"), (drafts.Draft, "guesses")):
     timed(owner, name, "proposing")

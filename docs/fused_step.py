@@ -1,0 +1,63 @@
+"""Where a compiled threshold step's time goes: the target's forward and one step of the rule
+(4 masked rows of a B = 4 block after 120 cached rows), four ways, in turns, median of N steps:
+both eager; the forward compiled (`--compile`) and the rule eager, as shipped; each compiled
+apart (two compiled calls); both in ONE compiled graph. Every way must give the same block.
+docs/results.md, "A greedy step without a softmax, and one compiled graph for a step".
+
+    python docs/fused_step.py 300
+"""
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cli  # noqa: E402
+import mask as masks  # noqa: E402
+from decode import DecodeRule, packed_rows  # noqa: E402
+
+torch.set_num_threads(2)
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+target, _, _ = cli.load_models(cli.DEFAULT_TARGET, "", [4], "cpu")
+rule = cli.make_rule(target, 4, cli.THRESHOLD)
+block, pos = torch.full((4,), target.config.mask_token_id), torch.arange(120, 124)
+rows = packed_rows(block, rule.mask_id, 4)
+torch._dynamo.decorators.mark_unbacked(rows, 0)     # as decode.Session passes them
+
+
+def forward(model):
+    return model(block[None], pos, 120, masks.block_causal(4, 120), keep=4, rows=rows)[0]
+
+
+def forward_and_rule(model):
+    return rule(forward(model), block, 0)
+
+
+with torch.no_grad():
+    models = dict(eager=target, compiled=copy.deepcopy(target), fused=copy.deepcopy(target))
+    cli.compile_model(models["compiled"])
+    compile = dict(dynamic=True, options=dict(cpp_wrapper=True))   # as cli.compile_model on a CPU
+    rule_compiled = torch.compile(DecodeRule.__call__, **compile)
+    step_compiled = torch.compile(forward_and_rule, **compile)
+    prompt = torch.randint(10, 2000, (120,), generator=torch.Generator().manual_seed(0))
+    for m in models.values():
+        m.setup_cache(512)
+        m(prompt[None], torch.arange(120), 0, masks.block_causal(4, 0), keep=0)
+    ways = {"both eager": lambda: forward_and_rule(models["eager"]),
+            "forward compiled, rule eager (shipped)": lambda: forward_and_rule(models["compiled"]),
+            "each compiled apart":
+                lambda: rule_compiled(rule, forward(models["compiled"]), block, 0),
+            "one compiled graph": lambda: step_compiled(models["fused"])}
+    us = {k: [] for k in ways}
+    for i in range(n + 10):                          # the first 10 turns: warm-up
+        out = {}
+        for k, f in ways.items():
+            t0 = time.perf_counter()
+            out[k] = f()
+            us[k].append(1e6 * (time.perf_counter() - t0))
+        assert all(torch.equal(o, out["both eager"]) for o in out.values()), "the ways disagree"
+for k, v in us.items():
+    print(f"{k:40s} {statistics.median(v[10:]):6.0f} us")

@@ -1,11 +1,10 @@
-"""Does compiling the decoding rule pay on this CPU? Threshold decoding on held-out problems
-with the target compiled (--compile) twice: with the rule eager and with DecodeRule.__call__
-compiled too (dynamic shapes), prompts interleaved, the first pass a warm-up; the tokens must
-be the same. docs/results.md, "Compiled against eager in one run, measured".
+"""Does compiling the decoding rule pay on this CPU? Each method with the pair compiled
+(--compile), once with the rule eager and once with DecodeRule.__call__ compiled too (dynamic
+shapes, as cli.compile_model), prompt by prompt in turns; two warm-up passes; the tokens must
+be the same. docs/results.md, "A greedy step without a softmax, and one compiled graph for a step".
 
-    python docs/compile_rule.py 40
+    python docs/compile_rule.py 40 4
 """
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -13,33 +12,39 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bench  # noqa: E402
 import cli  # noqa: E402
-import decode  # noqa: E402
+import costs  # noqa: E402
+from decode import DecodeRule  # noqa: E402
+from model import many_graphs  # noqa: E402
 from prepare import load_tasks  # noqa: E402
 
 torch.set_num_threads(2)
-n = int(sys.argv[1]) if len(sys.argv) > 1 else 40
-target, tok, _ = cli.load_models(cli.DEFAULT_TARGET, "", [4], "cpu", None, "auto")
-rule = cli.make_rule(target, 4, cli.THRESHOLD)
-step = torch.compile(decode.DecodeRule.__call__, dynamic=True)
+n, B = [int(a) for a in sys.argv[1:]] + [40, 4][len(sys.argv) - 1:]
+eager = DecodeRule.__call__
+compiled = many_graphs(torch.compile(eager, dynamic=True, options=dict(cpp_wrapper=True)))
+use = {"rule eager": eager, "rule compiled": compiled}
+now = [eager]
+DecodeRule.__call__ = lambda self, *a, **k: now[0](self, *a, **k)
 
-
-class CompiledRule(decode.DecodeRule):
-    def __call__(self, logits, block, at_step, generator=None):
-        return step(self, logits, block, at_step, generator)
-
-
-rules = {"rule eager": rule, "rule compiled": CompiledRule(**dataclasses.asdict(rule))}
-prompts = [ids for ids, _ in load_tasks(None, n, tok, False)]
-seconds = dict.fromkeys(rules, 0.0)
-for warm in (True, False):
-    for ids in prompts:
-        outs = []
-        for name, r in rules.items():
-            t0 = time.perf_counter()
-            outs.append(decode.generate(target, ids, 64, r)[0])
-            seconds[name] += 0 if warm else time.perf_counter() - t0
-        assert outs[0] == outs[1], "the compiled rule changed the tokens"
-print(f"threshold decoding, B = 4, {n} problems, target compiled: " + ", ".join(
-    f"{k} {v:.2f} s" for k, v in seconds.items()) + f"; eager rule / compiled rule "
-      f"{seconds['rule eager'] / seconds['rule compiled']:.2f}x")
+target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", [B], "cpu", None, "auto")
+graphs = bench.graphs_for(cli.DEFAULT_TARGET, target, lambda: None, [])
+cost = {B: costs.cost_model(cli.DEFAULT_TARGET, target, B)}
+methods = ["threshold", "simsd", "spiffy"]
+plan = bench.plan_runs(methods, [B], target, drafter, graphs, None, (), None, bench.DRAFT_BUDGET, cost)
+tokens, seconds = {}, {}
+for timed in (False, False, True):
+    for ids, _ in load_tasks(None, n, tok, False):
+        for (m, _), (_, run) in plan.items():
+            outs = []
+            for how, now[0] in use.items():
+                t0 = time.perf_counter()
+                outs.append(run(ids, 64)[0])
+                seconds[m, how] = seconds.get((m, how), 0) + timed * (time.perf_counter() - t0)
+                tokens[m, how] = tokens.get((m, how), 0) + timed * len(outs[-1])
+            assert outs[0] == outs[1], f"{m}: the compiled rule changed the tokens"
+print(f"B = {B}, {n} problems, the pair compiled, tokens/s:")
+for m in methods:
+    tps = {how: tokens[m, how] / seconds[m, how] for how in use}
+    print(f"  {m:10s} " + ", ".join(f"{how} {v:.0f}" for how, v in tps.items()) +
+          f"; compiled / eager rule {tps['rule compiled'] / tps['rule eager']:.3f}x")

@@ -20,7 +20,8 @@ from model import many_graphs  # noqa: E402
 from prepare import load_tasks  # noqa: E402
 
 torch.set_num_threads(2)
-n, B = [int(a) for a in sys.argv[1:]] + [40, 4][len(sys.argv) - 1:]
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+B = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 eager = DecodeRule.__call__
 compiled = many_graphs(torch.compile(eager, dynamic=True, options=dict(cpp_wrapper=True)))
 use = {"rule eager": eager, "rule compiled": compiled}
@@ -37,7 +38,8 @@ for timed in (False, False, True):
     for ids, _ in load_tasks(None, n, tok, False):
         for (m, _), (_, run) in plan.items():
             outs = []
-            for how, now[0] in use.items():
+            for how, call in use.items():
+                now[0] = call
                 t0 = time.perf_counter()
                 outs.append(run(ids, 64)[0])
                 seconds[m, how] = seconds.get((m, how), 0) + timed * (time.perf_counter() - t0)

@@ -2,6 +2,8 @@
 (4 masked rows of a B = 4 block after 120 cached rows), four ways, in turns, median of N steps:
 both eager; the forward compiled (`--compile`) and the rule eager, as shipped; each compiled
 apart (two compiled calls); both in ONE compiled graph. Every way must give the same block.
+Then why the shipped decoders cannot take the last way as it stands: the rule compiled over the
+step indices of a B = 32 block compiles a graph for each (the step index is read on the host).
 docs/results.md, "A greedy step without a softmax, and one compiled graph for a step".
 
     python docs/fused_step.py 300
@@ -61,3 +63,15 @@ with torch.no_grad():
         assert all(torch.equal(o, out["both eager"]) for o in out.values()), "the ways disagree"
 for k, v in us.items():
     print(f"{k:40s} {statistics.median(v[10:]):6.0f} us")
+
+rule32 = cli.make_rule(target, 32, cli.THRESHOLD)
+torch._dynamo.reset()
+torch._dynamo.utils.counters.clear()
+each_step = torch.compile(DecodeRule.__call__, dynamic=True, backend="eager")
+with torch._dynamo.config.patch(recompile_limit=64):
+    for step in range(32):
+        state = torch.full((32,), rule32.mask_id)
+        state[:step] = 7
+        each_step(rule32, torch.randn(32 - step, 64), state, step)
+print(f"the rule compiled over a B = 32 block's 32 step indices: "
+      f"{torch._dynamo.utils.counters['stats']['unique_graphs']} graphs")

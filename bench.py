@@ -86,27 +86,33 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     base, threshold = parse_method(method)
     rule = cli.make_rule(target, B, cli.THRESHOLD if threshold else None, strategy=None if threshold else strategy)
     seeded = lambda: torch.Generator(target.embed.weight.device).manual_seed(0)
+    drafter = drafter if base in DRAFTED else None
     if base in ("sdar", "plain"):
-        return lambda ids, n: generate(target, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
-    if base in SIMSD:
-        drafter = drafter if base in DRAFTED else None
-        return lambda ids, n: simsd_generate(target, drafter, ids, n, rule, generator=seeded(), **simsd, **SIMSD[base])
-    graph = graphs(rule)
-    return lambda ids, n: spiffy_generate(target, ids, n, rule, graph, draft_budget, generator=seeded(), **simsd)
+        run = lambda ids, n: generate(target, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
+    elif base in SIMSD:
+        run = lambda ids, n: simsd_generate(target, drafter, ids, n, rule, generator=seeded(), **simsd, **SIMSD[base])
+    else:
+        graph = graphs(rule)
+        run = lambda ids, n: spiffy_generate(target, ids, n, rule, graph, draft_budget, generator=seeded(), **simsd)
+    blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, simsd.get("max_rows"))
+    run.warm = dict(target=target, drafter=drafter, max_blocks=blocks)      # cli.warm_up's
+    return run
 
 
 def measure(plan, tasks, max_new_tokens, tok, repeats, device, compiled):
-    """Warm-up timed apart (compiled(row): every prompt, twice over the rows, so that every graph
-    is built first: a later row may grow a model's cache, and a graph is built for its size),
-    then each task through every method before the next (a slow spell of a shared machine hits
-    all alike). Outputs and counts from the first pass; wall time the median over repeats."""
+    """Warm-up timed apart (compiled(row): cli.warm_up, every graph built first; else one
+    prompt), then each task through every method before the next (a slow spell of a shared
+    machine hits all alike). Outputs and counts from the first pass; wall time the median over
+    repeats. -> (outputs, each row's figures, graphs compiled in the timed passes)."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     warmup, walls = Counter(), {key: [0.0] * repeats for key in plan}
     outs, stats = {key: [] for key in plan}, {key: [] for key in plan}
-    for key, (_, run) in [*plan.items(), *((k, r) for k, r in plan.items() if compiled(k[0]))]:
+    for key, (_, run) in plan.items():
         t0 = time.perf_counter()
-        for ids, _ in tasks if compiled(key[0]) else tasks[:1]:
-            run(ids, max_new_tokens)
+        if compiled(key[0]):
+            cli.warm_up([run], [ids for ids, _ in tasks], max_new_tokens, key[1], **run.warm)
+        else:
+            run(tasks[0][0], max_new_tokens)
         warmup[key] += time.perf_counter() - t0
     graphs_after_warmup = counters["stats"]["unique_graphs"]
     for r in tqdm(range(repeats * len(tasks)), desc="bench (prompts)", file=sys.stderr):
@@ -120,7 +126,8 @@ def measure(plan, tasks, max_new_tokens, tok, repeats, device, compiled):
             if r < len(tasks):
                 outs[key].append(out), stats[key].append(st)
     return outs, {key: dict(summarize(stats[key], outs[key], tasks, tok, statistics.median(walls[key])),
-                            warmup_s=warmup[key]) for key in plan}, graphs_after_warmup
+                            warmup_s=warmup[key]) for key in plan}, \
+        counters["stats"]["unique_graphs"] - graphs_after_warmup
 
 
 def summarize(stats, outs, tasks, tok, wall):
@@ -129,13 +136,15 @@ def summarize(stats, outs, tasks, tok, wall):
     tokens, nfe = sum(s["tokens"] for s in stats), sum(s["nfe"] for s in stats)
     hist = total("accept_hist") + total("steps_per_forward")     # SimSD's or Spiffy's
     rows, rows_draft = total("rows"), total("rows_draft")        # query rows a forward -> forwards
+    syncs = sum(s["syncs"] for s in stats)
     correct = sum(extract_answer(tok.decode(o)) == a for o, (_, a) in zip(outs, tasks) if a is not None)
     return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, nfe=nfe, hist=dict(hist),
                 round_ends=dict(total("round_ends")), stops=dict(Counter(s["stop"] for s in stats)),
                 target_fwd_per_token=nfe / tokens, tokens_per_target_fwd=tokens / nfe,
                 draft_fwd_per_token=sum(s.get("nfe_draft", 0) for s in stats) / tokens,
                 target_rows_per_token=sum(T * n for T, n in rows.items()) / tokens,
-                gpu_fwd_equiv_per_token=modelled_gpu_cost(rows, rows_draft, tokens),
+                syncs_per_target_fwd=syncs / nfe,
+                gpu_fwd_equiv_per_token=modelled_gpu_cost(rows, rows_draft, tokens, syncs),
                 mean_per_round=sum(k * v for k, v in hist.items()) / max(sum(hist.values()), 1),
                 accuracy=correct / len(tasks) if tasks[0][1] is not None else float("nan"), lookahead=max(s.get("lookahead", 0) for s in stats))
 
@@ -146,7 +155,8 @@ COLUMNS = [("method", "method", "{}"), ("B", "block_size", "{}"), ("tok/s", "tok
            ("tok/tgt fwd", "tokens_per_target_fwd", "{:.2f}"), ("of limit", "fraction_of_limit", "{:.0%}"),
            ("mean/round", "mean_per_round", "{:.2f}"), ("accuracy", "accuracy", "{:.1%}"),
            ("same", "same_fraction", "{:.0%}"), ("stopped", "stopped_fraction", "{:.0%}"),
-           ("rows/tok", "target_rows_per_token", "{:.1f}"), ("GPU fwd/tok*", "gpu_fwd_equiv_per_token", "{:.3f}")]
+           ("rows/tok", "target_rows_per_token", "{:.1f}"), ("syncs/fwd", "syncs_per_target_fwd", "{:.1f}"),
+           ("GPU fwd/tok*", "gpu_fwd_equiv_per_token", "{:.3f}")]
 
 
 def table(rows):
@@ -156,7 +166,7 @@ def table(rows):
     line = lambda xs: "  ".join(x.rjust(w) for x, w in zip(xs, widths))
     return "\n".join([line([c for c, _, _ in columns])] + [line(x) for x in cells] + [
         f"* GPU fwd/tok: target-forward equivalents per token, {GPU_MODEL['pair']}: a model of the "
-        f"counted forwards, not a measurement"])
+        f"counted forwards and host syncs (sol.GPU_MODEL), not a measurement"])
 
 
 def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, **flags):
@@ -181,15 +191,17 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
         util.check_writable(out, "--out")
 
 
-def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, draft_budget, cost, tag="", **simsd):
+def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, draft_budget, cost, max_rows,
+              tag="", **simsd):
     """(row name, B) -> (method, runner): every method at every B; the gamma sweep and the
     ablations as rows of their own; `tag` ends every row's name (" compiled"). simsd: SimSD's
-    settings; cost: B -> (its cost model, in words)."""
+    settings; cost: B -> (its cost model, in words); max_rows: B -> the row cap (cli.max_rows)."""
     plan = {}
     for B, m in ((B, m) for B in block_sizes for m in methods):
         base = parse_method(m)[0]
         own = dict(draft_budget=draft_budget) if base == "spiffy" else simsd if base in SIMSD else {}
-        own = dict(own, cost=cost[B][0]) if base in (*SIMSD, "spiffy") and base not in TEMPORAL else own
+        own = dict(own, cost=cost[B][0], max_rows=max_rows[B]) if base in (*SIMSD, "spiffy") and \
+            base not in TEMPORAL else own
         variants = {m: {}}
         if base in SIMSD and sweep == "gamma":
             variants = {f"{m}(gamma={g})": dict(gamma=g) for g in sorted({1, min(2, B), max(B // 2, 1), B})}
@@ -235,12 +247,13 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
          prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, repeats=1,
          data=None, chat=False, sweep=None, ablate=(), draft_budget=None, out=None, strategy=None,
          gate=None, draft_threshold=None, draft_stop=None, lookahead=None, speed_of_light=None, stop_ids=None,
-         cost_table=None, lookup_n=None, tasks="arith"):
+         cost_table=None, lookup_n=None, tasks="arith", max_rows=None, quick=False):
     """Method flags (drafter ... draft_budget): None/() = the default, an error when no method
     uses them. speed_of_light: a preset or checkpoint directory: sol.py's figures instead."""
     if speed_of_light:
         cli.check_device(device)
-        sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile)
+        cli.check_dtype(device, dtype)
+        sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile, quick=quick)
         return 0
     simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead, lookup_n=lookup_n)
     methods = [SPECS.get(m, m) for m in methods]     # rows under the names of what they run
@@ -249,6 +262,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     drafted, tag = any(parse_method(m)[0] in DRAFTED for m in methods), TAGS.get(compile)
     if compile == "drafter" and not drafted:
         raise ValueError("--compile drafter: none of --methods runs a drafter (simsd does)")
+    cli.check_dtype(device, dtype)
     dtype, limit_hits = getattr(torch, dtype) if dtype else None, cli.RecompileLimitHits() if compile else None
     tgt, tok, drf = cli.load_models(target, (drafter or "") if drafted else None, block_sizes, device, dtype,
                                     not tag and compile, stop_ids)
@@ -262,18 +276,29 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     # every method is compared with its plain counterpart (plain or threshold): run it too
     methods = list(methods) + [p for p in ("plain", "threshold") if p not in methods and any(
         parse_method(m)[1] == (p == "threshold") for m in methods)]
+    rows_cap = {B: cli.max_rows(max_rows, device, compile, B) for B in block_sizes}
+    notes += [f"B={B}: at most {n} rows of copies a verification" for B, n in rows_cap.items() if n]
     plan = {k: v for end, (t, d) in pairs.items() for k, v in plan_runs(
         [m for m in methods if end != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep,
-        ablate, strategy, draft_budget or DRAFT_BUDGET, cost, end, **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
-    outputs, results, graphs_after_warmup = measure(plan, tasks, max_new_tokens, tok, repeats, device,
-                                                    lambda name: compile and (not tag or name.endswith(tag)))
-    rows, failed = compare(plan, outputs, results, tasks, exact=dtype in (None, torch.float32))
+        ablate, strategy, draft_budget or DRAFT_BUDGET, cost, rows_cap, end,
+        **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
+    exact, rows, failed, after_warmup = tgt.embed.weight.dtype == torch.float32, [], [], 0
+    for B in block_sizes:     # a block size at a time, its rows saved as it ends (a time-out keeps them)
+        plan_b = {k: v for k, v in plan.items() if k[1] == B}
+        outputs, results, graphs = measure(plan_b, tasks, max_new_tokens, tok, repeats, device,
+                                           lambda name: compile and (not tag or name.endswith(tag)))
+        rows_b, failed_b = compare(plan_b, outputs, results, tasks, exact)
+        rows, failed, after_warmup = rows + rows_b, failed + failed_b, after_warmup + graphs
+        result = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device,
+                      torch=torch.__version__, tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens,
+                      repeats=repeats, results=rows, lossless_ok=not failed, notes=notes, gpu_model=GPU_MODEL,
+                      date=time.strftime("%Y-%m-%d"), complete=B == block_sizes[-1])
+        if out:
+            with util.atomic_write(out) as tmp:
+                tmp.write_text(json.dumps(result, indent=1) + "\n")
     print("\n".join([table(rows)] + [f"{r['method']} B={r['block_size']} rounds ended: {r['round_ends']}"
                                      for r in rows if r["round_ends"]] + notes + [f"FAILED: {f}" for f in failed]))
-    dynamo = limit_hits.report(counters, graphs_after_warmup) if compile else {}
-    result = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__,
-                  tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats, results=rows,
-                  lossless_ok=not failed, dynamo=dynamo, notes=notes, gpu_model=GPU_MODEL, date=time.strftime("%Y-%m-%d"))
+    result["dynamo"] = limit_hits.report(counters, after_warmup) if compile else {}
     if out:
         with util.atomic_write(out) as tmp:
             tmp.write_text(json.dumps(result, indent=1) + "\n")
@@ -294,7 +319,8 @@ def parse_args(argv=None):
     g.add_argument("--data", default=None, help="GSM8K-format JSONL (question, answer)")
     g.add_argument("--tasks", default="arith", choices=TASKS, help="without --data: held-out problems (arith), "
                    "each after its own worked answer (copy), or open text up to a speaker's line (text)")
-    g.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens: a smoke test")
+    g.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens: a smoke test (with "
+                   "--speed-of-light: the B = 4 forward alone)")
     g.add_argument("--speed-of-light", metavar="MODEL", default=None, help="instead: a random model shaped like "
                    "MODEL (a preset: sdar-8b, or a checkpoint): its forwards against the bandwidth floor (sol.py)")
     cli.model_flags(ap, both=True)
@@ -309,7 +335,7 @@ def parse_args(argv=None):
     cli.spiffy_flags(ap, graph=False)
     ap.add_argument_group("output").add_argument("--out", default=None, help="also save the JSON here")
     a = vars(ap.parse_args(argv))
-    quick, stop_ids = a.pop("quick"), a.pop("stop_ids")
+    quick, stop_ids = a["quick"], a.pop("stop_ids")
     return dict(a, block_sizes=util.int_list(a.pop("block_size"), "--block-size"),
                 methods=tuple(a["methods"].split(",")), prompts=4 if quick else a["prompts"],
                 max_new_tokens=32 if quick else a["max_new_tokens"], ablate=tuple(x for x in a["ablate"].split(",") if x),

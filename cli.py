@@ -5,13 +5,16 @@ is read. Imports point down: this module imports the decoders, none of them impo
 """
 import copy
 import logging
+import time
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 
 import checkpoint
 import util
-from decode import EB_THRESHOLD, STRATEGIES, DecodeRule
+import mask as masks
+from decode import EB_THRESHOLD, MAX_BUCKET, STRATEGIES, DecodeRule, Session
 from speculate import (ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, GATE, LOOKAHEAD, LOOKUP_N, REFERENCES, VERIFIERS,
                        check_settings)
 from spiffy import DRAFT_BUDGET
@@ -26,6 +29,8 @@ THRESHOLD = 0.9
 MODEL_COMPILES = ("auto", "static", "dynamic")     # how one model is compiled (compile_model)
 COMPILE_MODES = (*MODEL_COMPILES, "drafter")       # --compile: both models so, or the drafter alone
 DTYPES = ("float32", "bfloat16", "float16")
+GPU_ROWS = 256   # max_rows' default on a GPU
+
 
 
 def load(path, device="cpu", dtype=None, stop_ids=None):
@@ -34,7 +39,7 @@ def load(path, device="cpu", dtype=None, stop_ids=None):
     EOS, or at `stop_ids` when given (model.config.stop_ids)."""
     if not Path(path).is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
-    model = checkpoint.from_pretrained(path, device=device, dtype=dtype or torch.float32)
+    model = checkpoint.from_pretrained(path, device=device, dtype=dtype or saved_dtype(path))
     c = model.config
     tok = load_tokenizer(path, mask_id=c.mask_token_id)
     if tok.vocab_size > c.vocab_size:
@@ -47,6 +52,24 @@ def load(path, device="cpu", dtype=None, stop_ids=None):
     stops = tuple(dict.fromkeys(listed if stop_ids is None else stop_ids))
     c.stop_ids = () if stops == (c.eos_token_id,) else stops    # (): eos_token_id alone
     return model, tok
+
+
+def saved_dtype(path):
+    """The dtype a checkpoint was published in (config.json's torch_dtype, or transformers 5's
+    dtype: bfloat16 for SDAR), the default of --dtype; float32 where it names none."""
+    hf = util.read_json(Path(path) / "config.json")
+    name = hf.get("torch_dtype") or hf.get("dtype")
+    return getattr(torch, name) if name in DTYPES else torch.float32
+
+
+def max_rows(rows, device, compile, block_size):
+    """The most query rows of a verification's copies: --max-rows, else on a GPU or with static
+    shapes the largest compiled bucket but the pending block's, at most GPU_ROWS (a copy past
+    it costs compute, not only weight reads: an SDAR-8B forward in bf16 on an H200 is
+    memory-bound up to about 200 rows); None (no cap) on a CPU."""
+    if rows is not None or not (torch.device(device).type == "cuda" or compile == "static"):
+        return rows
+    return min(GPU_ROWS, (MAX_BUCKET - 1) * block_size)
 
 
 def load_drafter(path, target, tok, block_sizes, device="cpu", dtype=None):
@@ -112,12 +135,57 @@ def compile_model(model, how="auto"):
 
 
 def compiled_copies(*models):
-    """--compile both: a deep copy of each model (None stays None), compiled ("auto"), with its
-    own weights, cache and graphs, beside the eager original."""
-    copies = [copy.deepcopy(m) for m in models]
+    """--compile both: a copy of each model (None stays None), compiled ("auto"), with its own
+    cache and graphs but the original's weights (one copy of an 8B model's weights on a GPU)."""
+    copies = [m and copy.deepcopy(m, memo={id(p): p for p in m.parameters()}) for m in models]
     for m in filter(None, copies):
         compile_model(m, "auto")
     return copies
+
+
+def warm_up(runs, prompts, max_new_tokens, block_size, target, drafter=None, max_blocks=2):
+    """Compile before anything is timed. Each model's KV cache is sized first, once for the
+    process (a cache of another size is new graphs): room for the longest prompt, the
+    generation and every decoder's scratch rows. A model compiled with static shapes runs a
+    forward of every query-row bucket decoding can reach (warm_buckets): the target's up to
+    max_blocks blocks (the pending block and a verification's copies), the drafter's up to 2.
+    Then each of `runs` (ids, n -> decoding) decodes the shortest and the longest prompt: the
+    graphs of decoding's own forwards. -> (seconds, graphs compiled), printed."""
+    t0, graphs = time.perf_counter(), counters["stats"]["unique_graphs"]
+    ends = sorted(prompts, key=len)
+    for model, blocks in ((target, max_blocks), (drafter, 2)):
+        if model is None:
+            continue
+        # scratch: SimSD's default copies (4 B drafts over 4 blocks), 3 blocks more, static padding
+        model.setup_cache(len(ends[-1]) + max_new_tokens + (4 * block_size + 7 + MAX_BUCKET) * block_size)
+        if model.static_trunk is not None:
+            warm_buckets(model, block_size, blocks)
+    for run in runs:
+        for ids in [ends[0]] + [ends[-1]] * (len(ends) > 1):
+            run(ids, max_new_tokens)
+    seconds, graphs = time.perf_counter() - t0, counters["stats"]["unique_graphs"] - graphs
+    print(f"warm-up: {seconds:.1f} s, {graphs} graph(s) compiled")
+    return seconds, graphs
+
+
+def verified_blocks(block_size, max_rows):
+    """The most blocks of queries a verification forward carries: the pending block and its
+    copies (decode.MAX_BUCKET without a cap)."""
+    return MAX_BUCKET if max_rows is None else min(MAX_BUCKET, 1 + max_rows // block_size)
+
+
+@torch.no_grad()
+def warm_buckets(model, B, max_blocks):
+    """With static shapes a model compiles one graph a query-row bucket, whatever the mask
+    (mask.padded): a forward of each, 1, 2, 4, ... blocks, up to the one max_blocks needs."""
+    mask_id, device = model.config.mask_token_id, model.embed.weight.device
+    sess, blocks = Session(model, B, (2 * MAX_BUCKET + 1) * B), 1
+    while blocks < 2 * max_blocks:
+        tokens = torch.full((blocks * B,), mask_id, device=device)
+        sess.committed = B
+        sess.forward(tokens, torch.arange(B, B + len(tokens), device=device),
+                     lambda c, k: masks.block_causal(B, c), keep=B)
+        blocks *= 2
 
 
 def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
@@ -151,12 +219,12 @@ class RecompileLimitHits(logging.Handler):
         if record.getMessage().startswith("torch._dynamo hit config."):
             self.hits.append(record.getMessage().splitlines()[0])
 
-    def report(self, counters, graphs_after_warmup):
+    def report(self, counters, after_warmup):
         """Printed and returned: graphs compiled in all and after the warm-up (compiles the
         timed runs paid for), and limit hits (part of the "compiled" run was eager)."""
         logging.getLogger("torch._dynamo").removeHandler(self)
         dynamo = dict(unique_graphs=counters["stats"]["unique_graphs"],
-                      graphs_after_warmup=counters["stats"]["unique_graphs"] - graphs_after_warmup,
+                      graphs_after_warmup=after_warmup,
                       recompile_limit_hits=len(self.hits))
         print(f"torch.compile: {dynamo}")
         if self.hits:
@@ -184,6 +252,24 @@ def check_device(device):
         raise ValueError("--device cuda asked for, but no GPU is available")
     if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
         raise ValueError(f"--device {device}: there are only {torch.cuda.device_count()} GPU(s)")
+    if dev.type == "cuda":   # flex attention's kernels run on the current device
+        torch.cuda.set_device(dev)
+
+
+def check_dtype(device, dtype):
+    """A --dtype the device can run (None: the checkpoint's own)."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"unknown --dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    if dtype == "bfloat16" and torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"--dtype bfloat16: {torch.cuda.get_device_name(device)} cannot run it; "
+                         "use float16 or float32")
+
+
+def check_max_rows(rows, block_size):
+    """--max-rows: at least one block (of --block-size, when given; the checkpoint's is checked
+    by the decoders)."""
+    if rows is not None and rows < (block_size or 1):
+        raise ValueError(f"--max-rows {rows} is below one block ({block_size or 1} rows)")
 
 
 def check_used(methods, chosen, owners, **given):
@@ -213,7 +299,7 @@ def check_rule(threshold, temperature, top_p, eb_threshold):
 SIMSD_FLAGS = ("drafter", "gamma", "verifier", "acceptance", "gate", "draft_threshold", "draft_stop",
                "lookahead", "reference", "lookup_n")
 SPIFFY_FLAGS = ("graph", "draft_budget")
-SPEC_FLAGS = ("cost_table",)   # both speculative methods
+SPEC_FLAGS = ("cost_table", "max_rows")   # both speculative methods
 
 
 def check_spec_flags(spec, **flags):
@@ -255,7 +341,11 @@ def model_flags(ap, both=False):
     g.add_argument("--target", default=str(DEFAULT_TARGET), help="target checkpoint directory (HF layout)")
     g.add_argument("--drafter", default=None, help="simsd: drafter checkpoint (default models/drafter)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
-    g.add_argument("--dtype", default=None, choices=DTYPES, help="weights' dtype (default float32)")
+    g.add_argument("--dtype", default=None, choices=DTYPES, help="weights' dtype (default: the "
+                   "checkpoint's own, config.json's torch_dtype; float32 where it names none)")
+    g.add_argument("--max-rows", type=int, default=None, help="simsd, spiffy: the most query rows "
+                   f"of a verification's copies (default on a GPU: the largest compiled bucket, at "
+                   f"most {GPU_ROWS}; on a CPU: no cap)")
     g.add_argument("--compile", nargs="?", const="auto", choices=COMPILE_MODES + ("both",) * both,
                    help="torch.compile the models: static shapes and CUDA graphs on CUDA, dynamic "
                         "shapes on the CPU (auto), or say which; drafter: the drafter alone (auto)" + both * ", a row with it eager "

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 import mask as masks
 
+SYNCS = Counter()     # host syncs so far, by to_host (the decoders' stats: `syncs`)
 EB_THRESHOLD = 0.35   # entropy_bounded's bound on a step's summed entropy (SDAR's default)
 
 
@@ -249,14 +250,16 @@ class Session:
         self.committed, self.pending, self.nfe = 0, None, 0
         self.rows = Counter()   # query rows a forward -> forwards (bench.py's modelled GPU cost)
 
-    def forward(self, tokens, pos, mask_for, keep, rows=None):
+    def forward(self, tokens, pos, mask_for, keep, rows=None, eager=False):
         """One forward of [pending ; tokens]. mask_for(prefix, n_commit) builds the mask_mod
         (prefix = committed rows, n_commit = rows of the pending block); -> (keep, V) logits,
         or (M, V) for `rows` (M,) of the kept rows only (with a large vocabulary the head is
         most of a small model's forward: a known position's logits are never read).
-        With static shapes (and at most MAX_BUCKET blocks of queries), the queries are padded
-        to a power of two of blocks and the row numbers travel as one device tensor; the head
-        runs eagerly on the rows asked for, so their number makes no new graph."""
+        With static shapes (but `eager`: the prompt's prefill, once a prompt, of any length),
+        the queries are padded to a power of two of blocks, at most MAX_BUCKET (more is an
+        error: the proposers cap their copies, max_rows), and the row numbers travel as one
+        device tensor; the head runs eagerly on the rows asked for, so their number makes no
+        new graph."""
         n_commit = 0 if self.pending is None else len(self.pending)
         if n_commit:
             tokens = torch.cat([self.pending, tokens])
@@ -265,19 +268,27 @@ class Session:
         T, B = len(tokens), self.block_size
         if self.committed + T > self.max_len:
             raise RuntimeError(f"{T} query rows after {self.committed} overflow the KV cache")
-        if self.static and T <= MAX_BUCKET * B:
+        # the masks' offsets as device tensors (a compiled kernel on a GPU cannot read CPU ones),
+        # each its own (views of one tensor would tie the compiled graphs' guards together)
+        start, n_commit_t, n_real = (to_device(x, self.device) for x in (self.committed, n_commit, T))
+        mask = mask_for(start, n_commit_t)
+        static = self.static and not eager
+        if static and T > MAX_BUCKET * B:
+            raise RuntimeError(f"{T} query rows: more than the largest compiled bucket "
+                               f"({MAX_BUCKET * B}); cap the rows a forward (max_rows)")
+        if static:
             pad = (B << (-(-T // B) - 1).bit_length()) - T
-            start, n_commit_t, n_real = to_device([self.committed, n_commit, T], self.device)
-            mask = masks.padded(mask_for(start, n_commit_t), start, n_real)
             x = self.model.static_trunk(self.model, F.pad(tokens, (0, pad))[None],
-                                        F.pad(pos, (0, pad)), start, mask)
+                                        F.pad(pos, (0, pad)), start, masks.padded(mask, start, n_real, T + pad))
             x = x[:, T - keep:T]
             logits = self.model.head(x if rows is None else x[:, rows])
         else:
+            # fresh tensors, not views: torch.compile guards on a view's base too, and a base
+            # of another shape (a copy's positions, a pending block's cat) is another graph
+            tokens, pos, rows = (x if x is None else x.clone() for x in (tokens, pos, rows))
             if rows is not None:   # a count like any other to torch.compile: 1 not specialised
                 torch._dynamo.decorators.mark_unbacked(rows, 0)
-            logits = self.model(tokens[None], pos, self.committed,
-                                mask_for(self.committed, n_commit), keep=keep, rows=rows)
+            logits = self.model(tokens[None], pos, self.committed, mask, keep=keep, rows=rows)
         self.committed, self.pending = self.committed + n_commit, None
         self.queries_at = self.committed      # where the rows after the pending block were written
         self.nfe += 1
@@ -287,7 +298,7 @@ class Session:
     def prefill(self, ids):
         if len(ids):
             self.pending = ids
-            self.flush()
+            self.flush(eager=True)
 
     def commit(self, block, copy=None):
         """The finished `block` joins the cache. copy: where the last forward held it complete,
@@ -310,28 +321,40 @@ class Session:
         if not self.fuse_commit:
             self.flush()
 
-    def flush(self):  # a forward with nothing but the pending block: SDAR's commit
+    def flush(self, eager=False):  # a forward with nothing but the pending rows: SDAR's commit
         self.forward(self.pending[:0], self.pending[:0], lambda c, n: masks.block_causal(
-            self.block_size, c), keep=0)
+            self.block_size, c), keep=0, eager=eager)
+
+
+def copies_cap(max_rows, block_size):
+    """The most block copies a verification forward may carry under a cap of max_rows query
+    rows (None: no cap). A cap below one block leaves no room for the block itself."""
+    if max_rows is None:
+        return None
+    if max_rows < block_size:
+        raise ValueError(f"--max-rows {max_rows} is below one block ({block_size} rows)")
+    return max_rows // block_size
 
 
 def to_host(*tensors):
     """Tensors -> nested lists, with ONE host sync however many there are: each is copied
     without blocking, then the stream is waited for once. The decoders' planned host syncs
     all go through here (tests/test_syncs.py counts them)."""
+    SYNCS["host"] += 1
     host = [t.to("cpu", non_blocking=True) for t in tensors]
     for device in {t.device for t in tensors if t.is_cuda}:   # the stream of each GPU copied from
         torch.cuda.current_stream(device).synchronize()
     return [h.tolist() for h in host]
 
 
+
 def to_device(rows, device):
     """A nested list of ints -> a long tensor on `device`, without a host sync (a plain
     copy from pageable memory waits for the GPU; one from pinned memory need not)."""
-    t = torch.tensor(rows, dtype=torch.long)
-    if torch.device(device).type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
+    t, device = torch.tensor(rows, dtype=torch.long), torch.device(device)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t if device.type == "cpu" else t.to(device)
 
 
 def check_prompt(prompt, config, max_new_tokens, device):
@@ -455,7 +478,7 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     ids = check_prompt(prompt, c, max_new_tokens, model.embed.weight.device)
-    B, t0 = rule.block_size, time.perf_counter()
+    B, t0, syncs = rule.block_size, time.perf_counter(), SYNCS["host"]
     sess = Session(model, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
 
     def plain_round(front, room):                     # logits at the masked positions only
@@ -469,4 +492,4 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
     stops = stop_ids(c, eos_id)
     out, stop = round_loop(plain_round, [sess], ids, rule, max_new_tokens, stops, on_block)
     return out, dict(nfe=sess.nfe, tokens=len(out), seconds=time.perf_counter() - t0, stop=stop,
-                     rows=dict(sess.rows))
+                     rows=dict(sess.rows), syncs=SYNCS["host"] - syncs)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The GPU check in one command, within 10 minutes on one GPU: the CUDA tests, the bench on the
-# embedded pair in bf16 (every method eager and compiled, static shapes and CUDA graphs, in one
-# interleaved run), where a round's time goes (docs/round_costs.py, eager and compiled), the
-# speed-of-light figures of an SDAR-8B-shaped model (eager and compiled), then a summary read
-# back from the JSON files. Each phase has a time box, so a slow compile costs its own figures only. Figures
-# go to stdout and, as JSON, to ${OUT:-.}.
+# The GPU check in one command, its phases boxed in 450 s together (a rerun fits a 15-minute
+# lease): the CUDA tests, the bench on the embedded pair in bf16 (the main methods eager and
+# compiled, static shapes and CUDA graphs, in one interleaved run; its JSON written a block
+# size at a time), the speed-of-light figures of an SDAR-8B-shaped model (eager; compiled: its
+# B = 4 forward), where a round's time goes (docs/round_costs.py), then a summary of the files.
+# Each phase has a time box, so a slow compile costs its own figures only; recompiles and
+# skipped CUDA graphs are logged (TORCH_LOGS). Figures go to stdout and, as JSON, to ${OUT:-.}.
 #
 #   bash gpu_check.sh              # on a GPU
 #   bash gpu_check.sh --dry-run    # the same phases in the same order on the CPU, in seconds:
@@ -20,7 +21,7 @@ dry=0
 for arg in "$@"; do
     case $arg in
         --dry-run) dry=1 ;;
-        -h|--help) sed -n '2,13s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) die "unknown flag $arg (gpu_check.sh takes only --dry-run)" ;;
     esac
 done
@@ -40,9 +41,15 @@ if [ $dry = 1 ]; then   # the flow, flags and parsing, not the figures: no GPU, 
 else
     "$py" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
         || die "torch $("$py" -c 'import torch; print(torch.__version__)') sees no GPU (on a CPU: --dry-run)"
-    dev=(--device cuda --dtype bfloat16) sol=sdar-8b boxed=1 bench=(--prompts 20) sizes=4,32 costs=10 tests=()
+    dev=(--device cuda --dtype bfloat16) sol=sdar-8b boxed=1 bench=(--prompts 8) sizes=4,32 costs=8 tests=()
+    export TORCH_LOGS=${TORCH_LOGS-recompiles,perf_hints}   # perf_hints: why a CUDA graph was skipped
 fi
-methods=sdar,plain,threshold,simsd-lossless+threshold,spiffy+static,spiffy+threshold
+methods=threshold,simsd-lossless+threshold,spiffy+threshold
+BOXES=(tests:100 bench:180 sol-eager:30 sol-compiled:90 round-costs:40 summary:10)   # seconds, 450 at most
+total=0
+for box in "${BOXES[@]}"; do total=$(( total + ${box#*:} )); done
+[ $total -le 450 ] || die "the phases' time boxes add up to $total s, over 450"
+box() { for b in "${BOXES[@]}"; do [ "${b%%:*}" = "$1" ] && echo "${b#*:}"; done; }
 failed=()
 phase() {   # phase NAME SECONDS LOG COMMAND...: COMMAND in its time box (PHASE_LIMIT if set; none
     local name=$1 limit=$(( boxed * $2 )) log=$3 rc   # on a dry run), its stdout also to LOG unless -
@@ -57,15 +64,15 @@ phase() {   # phase NAME SECONDS LOG COMMAND...: COMMAND in its time box (PHASE_
 }
 
 "$py" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
-phase tests 120 - "$py" -m pytest -q -n 0 -p no:cacheprovider tests/test_cuda.py tests/test_syncs.py "${tests[@]}"
-phase bench 220 - "$py" bench.py "${dev[@]}" --compile both --block-size $sizes "${bench[@]}" --methods $methods \
-    --out "$out/gpu_bench.json"
-phase round-costs 40 "$out/gpu_round_costs.txt" "$py" docs/round_costs.py "${dev[@]}" --prompts $costs --block-size 4
-phase round-costs-compiled 60 "$out/gpu_round_costs_compiled.txt" "$py" docs/round_costs.py "${dev[@]}" \
-    --prompts $costs --block-size 4 --compile
-phase sol-eager 40 "$out/gpu_sol_eager.txt" "$py" bench.py --speed-of-light $sol "${dev[@]}"
-phase sol-compiled 90 "$out/gpu_sol_compiled.txt" "$py" bench.py --speed-of-light $sol "${dev[@]}" --compile
-phase summary 30 - "$py" - "$out" <<'EOF'
+phase tests "$(box tests)" - "$py" -m pytest -q -n 0 -p no:cacheprovider tests/test_cuda.py "${tests[@]}"
+phase bench "$(box bench)" - "$py" bench.py "${dev[@]}" --compile both --block-size $sizes "${bench[@]}" \
+    --methods $methods --out "$out/gpu_bench.json"
+phase sol-eager "$(box sol-eager)" "$out/gpu_sol_eager.txt" "$py" bench.py --speed-of-light $sol "${dev[@]}"
+phase sol-compiled "$(box sol-compiled)" "$out/gpu_sol_compiled.txt" "$py" bench.py --speed-of-light $sol \
+    "${dev[@]}" --compile --quick       # the B = 4 forward alone: one graph of the 8B model
+phase round-costs "$(box round-costs)" "$out/gpu_round_costs.txt" "$py" docs/round_costs.py "${dev[@]}" \
+    --prompts $costs --block-size 4
+phase summary "$(box summary)" - "$py" - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
@@ -73,7 +80,8 @@ path = out / "gpu_bench.json"
 if path.is_file():
     bench = json.loads(path.read_text())
     print(f"bench ({bench['device']}, torch {bench['torch']}, {bench['date']}), "
-          f"lossless ok: {bench['lossless_ok']}, compile: {bench['dynamo'] or '-'}")
+          f"lossless ok: {bench['lossless_ok']}, compile: {bench.get('dynamo') or '-'}"
+          + ("" if bench.get("complete") else ", INCOMPLETE: the block sizes that finished"))
     for r in bench["results"]:   # x threshold: against threshold compiled alike
         eager = f"{r['speedup_vs_eager']:.2f}x eager" if "speedup_vs_eager" in r else ""
         print(f"  B={r['block_size']:<2} {r['method']:<35} {r['tokens_per_s']:8.1f} tok/s  "
@@ -81,9 +89,8 @@ if path.is_file():
               f"{r['tokens_per_target_fwd']:.2f} tokens/target forward")
 else:
     print(f"bench: no {path.name}")
-for run in ("", "_compiled"):
-    path = out / f"gpu_round_costs{run}.txt"
-    print(*path.read_text().splitlines() if path.is_file() else [f"round costs: no {path.name}"], sep="\n")
+path = out / "gpu_round_costs.txt"
+print(*path.read_text().splitlines() if path.is_file() else [f"round costs: no {path.name}"], sep="\n")
 for run in ("eager", "compiled"):
     path = out / f"gpu_sol_{run}.txt"
     lines = path.read_text().splitlines() if path.is_file() else []

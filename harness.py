@@ -113,7 +113,7 @@ class SDARSpec(LM):
                           a["temperature"], a["top_k"], a["top_p"], a["eb_threshold"], a["graph"], flags)
         self._device, self.chat, self.seed = a["device"], a["chat"], a["seed"]
         self.max_new_tokens = a["max_new_tokens"]
-        self.model, self.tok, self.rule, run, _ = sample.prepare(
+        self.model, self.tok, self.rule, run, *_ = sample.prepare(
             a["spec"], a["target"], flags.pop("drafter"), a["block_size"], a["threshold"], a["strategy"],
             a["device"], a["dtype"], a["compile"], a["stop_ids"], a["graph"],
             dict(temperature=a["temperature"], top_k=a["top_k"], top_p=a["top_p"], eb_threshold=a["eb_threshold"]),

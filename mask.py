@@ -96,13 +96,21 @@ def bd3lm_training(block_size, n):
     return bd3lm_training_mask
 
 
-def padded(mask_mod, prefix, n_real):
-    """Static shapes (model.compile_decoding): the queries padded past `n_real` rows, the keys
-    the whole cache. A real query follows mask_mod on the keys written so far, [0, prefix +
-    n_real); a padding query sees its own key only (so that no row is empty)."""
+def padded(mask_mod, prefix, n_real, n_pad):
+    """Static shapes (model.compile_decoding): the queries padded from `n_real` rows to `n_pad`,
+    the keys the whole cache. Every rule above lets each query see the whole committed cache
+    (keys < prefix); how the queries see each other is evaluated here, once, into an
+    (n_pad, n_pad) table, so that one closure, and one compiled graph a query length, serves
+    every rule. A padding query sees the cache and itself (no row is empty); no real query
+    sees a padding one."""
+    q = torch.arange(n_pad, device=prefix.device)[:, None]
+    k = q.T
+    table = (mask_mod(0, 0, q, prefix + k) & (k < n_real)) | ((q >= n_real) & (q == k))
+
     def padded_mask(b, h, q_idx, kv_idx):
-        own = kv_idx < prefix + n_real
-        return torch.where(q_idx < n_real, own & mask_mod(b, h, q_idx, kv_idx), kv_idx == prefix + q_idx)
+        rel = kv_idx - prefix                         # clamp: flex pads indices past the end
+        inside = table[q_idx.clamp(0, n_pad - 1), rel.clamp(0, n_pad - 1)] & (rel < n_pad)
+        return (rel < 0) | inside
     return padded_mask
 
 

@@ -155,10 +155,21 @@ class Attention(nn.Module):
                 raise ValueError("a cached forward (start given) needs model.setup_cache first")
             k, v = self.cache.update(start, k, v)     # (b, nkv, start + T, hd)
         if isinstance(mask, BlockMask):
-            y = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
+            options = flex_kernel_options(T, self.n_head // self.n_kv_head) if q.is_cuda else None
+            y = flex_attention(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=options)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(b, T, -1))
+
+
+def flex_kernel_options(rows, group):
+    """FlexAttention's kernel options for `rows` query rows and `group` query heads per KV head.
+    For under 128 rows inductor picks its flex *decoding* kernel, which packs a KV head's query
+    heads into one tile of next_pow2(rows x group) rows and compiles no config unless the
+    BlockMask's 128-row query block is a multiple of that tile: rows x group > 128 fails to
+    compile (torch 2.13, _inductor/kernel/flex/flex_decoding.py), e.g. 64 rows of SDAR-8B
+    (32 / 8 heads). Those shapes take the main flex kernel instead."""
+    return {"FORCE_USE_FLEX_ATTENTION": True} if rows < 128 and rows * group > 128 else None
 
 
 class MLP(nn.Module):
@@ -227,7 +238,9 @@ class Transformer(nn.Module):
         T, off = idx.shape[1], start or 0
         if pos is None:
             pos = torch.arange(off, off + T, device=idx.device)
-        x = self.trunk(idx, pos, start, masks.block_causal(self.config.block_size, off) if mask is None else mask)
+        if mask is None:   # (the offset as a tensor on the queries' device: a compiled kernel reads it)
+            mask = masks.block_causal(self.config.block_size, torch.tensor(off, device=idx.device))
+        x = self.trunk(idx, pos, start, mask)
         x = x if keep is None else x[:, T - keep:]
         return self.head(x if rows is None else x[:, rows])
 

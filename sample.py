@@ -33,7 +33,7 @@ SPECS = ("none", "simsd", "spiffy")
 
 
 def check_args(spec, device, block_size, max_new_tokens, threshold, temperature, top_k, top_p,
-               eb_threshold, graph, flags):
+               eb_threshold, graph, flags, dtype=None, max_rows=None):
     """Every flag, before any file is read (flags: cli.SIMSD_FLAGS and draft_budget)."""
     if spec not in SPECS:
         raise ValueError(f"unknown --spec {spec!r}; choose from {', '.join(SPECS)}")
@@ -41,33 +41,42 @@ def check_args(spec, device, block_size, max_new_tokens, threshold, temperature,
     cli.check_rule(threshold, temperature, top_p, eb_threshold)
     cli.check_spec_flags(spec, graph=graph, **flags)
     cli.check_device(device)
+    cli.check_dtype(device, dtype)
+    cli.check_max_rows(max_rows, block_size)
 
 
 def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtype, compile,
-            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None):
+            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None):
     """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), the cost model
-    in words); kw: the decoder's own (generator, on_block, SimSD's or Spiffy's settings, a rule)."""
+    and the row cap in words); kw: the decoder's own (generator, on_block, SimSD's or Spiffy's
+    settings, a rule)."""
     dtype = getattr(torch, dtype) if dtype else None
     model, tok = cli.load(target, device, dtype, stop_ids)
     rule = cli.make_rule(model, block_size, cli.default_threshold(threshold, strategy),
                          strategy=strategy, **rule_kw)
     cli.check_block_size(model, rule.block_size, "target")
     drf, (cost, cost_note) = None, costs.cost_model(target, model, rule.block_size, cost_table)
+    rows = cli.max_rows(max_rows, device, compile, rule.block_size)
+    cost_note += f"; at most {rows} rows of copies a forward" if rows else ""
     if spec == "none":
         run = lambda ids, n, rule=rule, **kw: generate(model, ids, n, rule, **kw)
     elif spec == "simsd":
         drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype)
-        run = partial(simsd_generate, model, drf, rule=rule, cost=cost, reference=reference or "drafter")
+        run = partial(simsd_generate, model, drf, rule=rule, cost=cost, reference=reference or "drafter",
+                      max_rows=rows)
     else:
         g = load_graph(graph or graph_path(target, rule), rule)
-        run = lambda ids, n, rule=rule, **kw: spiffy_generate(model, ids, n, rule, graph=g, cost=cost, **kw)
+        run = lambda ids, n, rule=rule, **kw: spiffy_generate(model, ids, n, rule, graph=g, cost=cost,
+                                                              max_rows=rows, **kw)
     cli.compile_models(model, drf, compile)
-    return model, tok, rule, run, None if spec == "none" or verifier == "temporal" else cost_note
+    note = None if spec == "none" or verifier == "temporal" else cost_note
+    blocks = 2 if spec == "none" else 3 if verifier == "temporal" else cli.verified_blocks(rule.block_size, rows)
+    return model, tok, rule, run, note, dict(target=model, drafter=drf, max_blocks=blocks)
 
 
 def summary(spec, stats, rule, load_s, cost_note=None):
     s = (f"--- {stats['tokens']} tokens in {stats['seconds']:.2f} s "
-         f"({stats['tokens'] / stats['seconds']:.1f} tok/s; loading and a warm-up block {load_s:.1f} s more), "
+         f"({stats['tokens'] / stats['seconds']:.1f} tok/s; loading and warm-up {load_s:.1f} s more), "
          f"{rule.describe()}, target NFE {stats['nfe']} ({stats['tokens'] / stats['nfe']:.2f} "
          f"tokens/forward), ended by {'a stop id' if stats['stop'] == 'stop_id' else stats['stop']}")
     if spec == "simsd":
@@ -88,20 +97,24 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     if method:
         raise TypeError(f"unknown setting(s) {', '.join(method)}")
     check_args(spec, device, block_size, max_new_tokens, threshold, temperature, top_k, top_p,
-               eb_threshold, graph, flags)
+               eb_threshold, graph, flags, dtype, flags["max_rows"])
     t0 = time.perf_counter()
-    model, tok, rule, run, cost_note = prepare(spec, target, flags.pop("drafter"), block_size, threshold,
-                                               strategy, device, dtype, compile, stop_ids, graph,
-                                               dict(temperature=temperature, top_k=top_k, top_p=top_p,
-                                                    eb_threshold=eb_threshold), flags.pop("cost_table"),
-                                               flags["verifier"], flags["reference"])
+    model, tok, rule, run, cost_note, warm = prepare(
+        spec, target, flags.pop("drafter"), block_size, threshold, strategy, device, dtype, compile,
+        stop_ids, graph, dict(temperature=temperature, top_k=top_k, top_p=top_p, eb_threshold=eb_threshold),
+        flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"))
     text = tok.apply_chat_template(prompt) if chat else prompt
     if chat and tok.chat_template is None:
         print(f"note: {target} has no chat_template; the prompt is in ChatML", file=sys.stderr)
     ids = tok.encode(text)
     check_prompt(ids, model.config, max_new_tokens, device)
-    warm_up = torch.Generator(device).manual_seed(seed)
-    run(ids, min(rule.block_size, max_new_tokens), generator=warm_up)   # one block, untimed
+    kw = {k: v for k, v in flags.items() if v is not None}
+    seeded = lambda: torch.Generator(device=device).manual_seed(seed)   # noqa: E731
+    if compile:   # the timed run's own path, untimed, first (same seed): no compile in the timing
+        cli.warm_up([lambda ids, n: run(ids, n, generator=seeded(), **kw)], [ids], max_new_tokens,
+                    rule.block_size, **warm)
+    else:         # one block: the first forwards' one-off costs
+        run(ids, min(rule.block_size, max_new_tokens), generator=seeded(), **kw)
     load_s, shown = time.perf_counter() - t0, []
 
     def on_block(new):  # print as blocks are committed (decode the whole text: multi-byte pieces)
@@ -111,8 +124,7 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
 
     if not as_json:
         print(text, end="", flush=True)
-    kw = {k: v for k, v in flags.items() if v is not None}
-    out, stats = run(ids, max_new_tokens, generator=torch.Generator(device=device).manual_seed(seed),
+    out, stats = run(ids, max_new_tokens, generator=seeded(),
                      on_block=None if as_json else on_block, **kw)
     print("\n" + summary(spec, stats, rule, load_s, cost_note))
     if as_json:

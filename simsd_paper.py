@@ -78,11 +78,17 @@ def agree(p_target, d, rule, generator=None):
 def correct(p_target, p_draft, rule, generator=None):
     """The token at the first rejected draft, from norm(max(0, p_target - p_draft)) (from
     p_target itself when greedy, or when that is all zero)."""
-    residual = p_target if rule.temperature == 0 else (p_target - p_draft).clamp(min=0)
-    residual = residual if residual.sum() > 0 else p_target          # host sync
     if rule.temperature == 0:
-        return residual.argmax()
-    return torch.multinomial(residual / residual.sum(), 1, generator=generator)[0]
+        return p_target.argmax()
+    residual = (p_target - p_draft).clamp(min=0)
+    residual = torch.where(residual.sum() > 0, residual, p_target)      # (no host sync)
+    return draw(residual / residual.sum(), generator)
+
+
+def draw(p, generator=None):
+    """A token from each row of p (..., V), as torch.multinomial(p, 1) draws it (the same
+    Exp(1) race, so the same tokens), without its host syncs."""
+    return (p / torch.empty_like(p).exponential_(generator=generator)).argmax(-1)
 
 
 def accept_temporal(logits, block, d, rule, generator=None):

@@ -38,30 +38,38 @@ from spiffy import ranks
 from verify import Guesses, verify_copies, walk
 
 
-# A model, not a measurement: what the counted forwards would cost for SDAR-8B (target) and
-# SDAR-1.7B (drafter) in bf16 on an H200 (spec-sheet peaks), each forward max(weight bytes /
-# bandwidth, 2 x params x query rows / peak FLOP/s), attention and KV reads left out; in
-# target-forward equivalents (one memory-bound SDAR-8B forward = 1) per token.
+# A model, not a measurement: what the counted work would cost for SDAR-8B (target) and
+# SDAR-1.7B (drafter) in bf16 on an H200, in target-forward equivalents (one memory-bound
+# SDAR-8B forward = 1) per token. A forward costs the most of: its weight bytes / bandwidth,
+# 2 x params x query rows / peak FLOP/s (spec-sheet peaks; attention and KV reads left out),
+# and its launch-bound floor, `layer_s` a layer (a CUDA-graph replay of a layer's dozen-odd
+# kernels: binding for the drafter, 28 layers of 0.7 ms of weights, not for the target).
+# A host sync idles the GPU for `sync_s` (the host's Python work between reading a result
+# and the next launch). layer_s and sync_s are guesses of the right order; a GPU run replaces
+# them: sync_s by a round's wall time less its forwards' (docs/round_costs.py on the GPU),
+# layer_s by a drafter-shaped forward (bench.py --speed-of-light sdar-1.7b --compile).
 GPU_MODEL = dict(pair="SDAR-8B + SDAR-1.7B on an H200, bf16 (modelled)", target="sdar-8b",
-                 drafter="sdar-1.7b", bandwidth=4.8e12, flops=989e12)
+                 drafter="sdar-1.7b", bandwidth=4.8e12, flops=989e12, layer_s=30e-6, sync_s=0.2e-3)
 
 
 @functools.cache
 def preset_params(preset):
-    """Parameters of a model.PRESETS shape, counted on the meta device (no memory)."""
+    """Parameters and layers of a model.PRESETS shape, counted on the meta device (no memory)."""
     with torch.device("meta"):
-        return sum(p.numel() for p in Transformer(ModelConfig(**PRESETS[preset])).parameters())
+        model = Transformer(ModelConfig(**PRESETS[preset]))
+    return sum(p.numel() for p in model.parameters()), model.config.n_layer
 
 
-def modelled_gpu_cost(rows, rows_draft, tokens, gpu=GPU_MODEL):
-    """rows, rows_draft: {query rows: forwards} of the target and the drafter -> modelled
-    target-forward equivalents per token."""
-    def cost(n_params, counts):
-        return sum(n * max(2 * n_params / gpu["bandwidth"], 2 * n_params * T / gpu["flops"])
-                   for T, n in counts.items())
-    floor = 2 * preset_params(gpu["target"]) / gpu["bandwidth"]      # one SDAR-8B forward, bf16
-    return (cost(preset_params(gpu["target"]), rows)
-            + cost(preset_params(gpu["drafter"]), rows_draft)) / floor / tokens
+def modelled_gpu_cost(rows, rows_draft, tokens, syncs=0, gpu=GPU_MODEL):
+    """rows, rows_draft: {query rows: forwards} of the target and the drafter; syncs: host
+    syncs -> modelled target-forward equivalents per token (GPU_MODEL)."""
+    def cost(preset, counts):
+        n_params, n_layer = preset_params(preset)
+        return sum(n * max(2 * n_params / gpu["bandwidth"], 2 * n_params * T / gpu["flops"],
+                           n_layer * gpu["layer_s"]) for T, n in counts.items())
+    floor = 2 * preset_params(gpu["target"])[0] / gpu["bandwidth"]   # one SDAR-8B forward, bf16
+    spent = cost(gpu["target"], rows) + cost(gpu["drafter"], rows_draft) + syncs * gpu["sync_s"]
+    return spent / floor / tokens
 
 
 def timer(device):
@@ -98,8 +106,15 @@ def make(spec, device, dtype):
     else:
         raise ValueError(f"--speed-of-light wants a preset ({', '.join(PRESETS)}) or a checkpoint "
                          f"directory, got {spec!r}")
-    with torch.device(device):
-        return Transformer(config).to(dtype).eval()
+    with torch.device("meta"):   # built in `dtype` on the device: an 8B model never in fp32
+        model = Transformer(config).to(dtype)
+    model = model.to_empty(device=device)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.embed.weight
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02) if p.dim() > 1 else p.fill_(1.0)
+    return model.eval()
 
 
 def verification_copies(B, mask_id, device):
@@ -174,13 +189,15 @@ def show(result):
               f"of {r['queries']:>2} rows: {r['forward_ms']:8.3f} ms ({r['x_plain']:.2f}x plain's), "
               f"with its {'rule' if r['decoder'] == 'plain' else 'walk'} {r['round_ms']:8.3f} ms "
               f"({r['round_x_plain']:.2f}x)")
-    print(f"  decode loop (B=4, {loop['new_tokens']} tokens, {loop['nfe']} forwards): {loop['loop_s']:.3f} s, its forwards "
-          f"alone {loop['forwards_s']:.3f} s ({loop['x_forwards']:.2f}x: the rest is per-step overhead)")
+    if loop:
+        print(f"  decode loop (B=4, {loop['new_tokens']} tokens, {loop['nfe']} forwards): {loop['loop_s']:.3f} s, its "
+              f"forwards alone {loop['forwards_s']:.3f} s ({loop['x_forwards']:.2f}x: the rest is per-step overhead)")
 
 
 @torch.no_grad()
 def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache_len=1024,
-                   block_sizes=(4, 8, 32), iters=20, new_tokens=64):
+                   block_sizes=(4, 8, 32), iters=20, new_tokens=64, quick=False):
+    """quick: the B = 4 decode forward alone (compiled, an 8B model's one graph, not six)."""
     model = make(spec, device, dtype)
     # a model with a short context (the tiny preset: 1024) gets half of it as the cache
     cache_len = min(cache_len, model.config.max_seq_len // 2)
@@ -201,8 +218,23 @@ def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache
         rows.append(dict(block_size=B, cache_len=cache, cache_rows=model.layers[0].attn.cache.k.shape[2],
                          forward_ms=1e3 * t,
                          floor_ms=1e3 * weight_bytes / bw, x_floor=t * bw / weight_bytes))
-    for B in block_sizes:
+    for B in block_sizes[:1] if quick else block_sizes:
         time_forward(B, cache_len)
+    result = dict(model=spec, device=str(device), dtype=str(dtype).removeprefix("torch."),
+                  compile=compile, torch=torch.__version__, params=sum(p.numel() for p in model.parameters()),
+                  weight_gb=weight_bytes / 1e9, bandwidth_gb_s=bw / 1e9, cache_len=cache_len,
+                  forwards=rows, verification=[], loop=None, date=time.strftime("%Y-%m-%d"))
+    if not quick:
+        result.update(more_figures(model, time_it, time_forward, cache_len, block_sizes[0], iters, new_tokens))
+    show(result)
+    print(json.dumps(result))
+    return result
+
+
+def more_figures(model, time_it, time_forward, cache_len, B, iters, new_tokens):
+    """speed_of_light's verification forwards and decode loop (and B's forward with 8x the
+    cache rows allocated, into `time_forward`'s rows)."""
+    device = model.embed.weight.device
     verification = time_verification(model, time_it, cache_len, iters)
     prompt = torch.randint(4, model.config.vocab_size, (cache_len,), device=device)
     prompt[prompt == model.config.mask_token_id] = 4    # (SDAR's mask id lies among the drawn)
@@ -216,14 +248,6 @@ def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache
                                                      if r["decoder"] == "plain")
     # the same forward with 8x the cache rows allocated (after the loop, which would use them):
     # static shapes attend to every allocated row, dynamic ones to the rows written
-    time_forward(block_sizes[0], cache_len, allocate=8 * cache_len)
-    result = dict(model=spec, device=str(device), dtype=str(dtype).removeprefix("torch."),
-                  compile=compile, torch=torch.__version__, params=sum(p.numel() for p in model.parameters()),
-                  weight_gb=weight_bytes / 1e9, bandwidth_gb_s=bw / 1e9, cache_len=cache_len,
-                  forwards=rows, verification=verification,
-                  loop=dict(new_tokens=new_tokens, nfe=nfe, loop_s=loop, forwards_s=forwards,
-                            x_forwards=loop / forwards),
-                  date=time.strftime("%Y-%m-%d"))
-    show(result)
-    print(json.dumps(result))
-    return result
+    time_forward(B, cache_len, allocate=8 * cache_len)
+    return dict(verification=verification, loop=dict(new_tokens=new_tokens, nfe=nfe, loop_s=loop,
+                                                      forwards_s=forwards, x_forwards=loop / forwards))

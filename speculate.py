@@ -30,11 +30,11 @@ from functools import partial
 import torch
 
 import mask as masks
-from decode import (DecodeRule, Session, check_prompt, packed_index, prompt_list, round_loop,
-                    stop_ids, to_device, to_host)
+from decode import (DecodeRule, Session, check_prompt, copies_cap, packed_index, prompt_list, round_loop,
+                    stop_ids, to_device, to_host, SYNCS)
 from drafts import (LOOKUP_N, REFERENCES, Draft, lookup_draft, point, trajectory, weighed,
                     worth_verifying)
-from simsd_paper import GATE, accept_gated, accept_paper, copies_round, temporal_round
+from simsd_paper import GATE, accept_gated, accept_paper, copies_round, draw, temporal_round
 from verify import lossless_round, no_extra
 
 VERIFIERS, ACCEPTS = ("temporal", "copies"), ("paper", "gated", "lossless")
@@ -73,8 +73,7 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
         n = min(1 + sum(c > draft_threshold for c in conf[1:]) if draft_threshold else 1, left)
         take, drafted = order[:n], [masked[j] for j in order_h[:n]]
         p = rule.probs(logits)[take]                                 # (n, V): the drafted rows
-        tok = p.argmax(-1) if rule.temperature == 0 else \
-            torch.multinomial(p, 1, generator=generator).squeeze(-1)
+        tok = p.argmax(-1) if rule.temperature == 0 else draw(p, generator)
         block[at[take]] = tok
         rows.append((tok, p))
         where += [i + B * (len(per_block) - 1) for i in drafted]     # the position, blocks on
@@ -94,18 +93,28 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
     return Draft(where, tokens, p, tau, per_block, rule.mask_id, chance or None, step_end=ends)
 
 
-def propose_drafts(dsess, rule, draft_kw, lookahead, stops, cost=None):
+def propose_drafts(dsess, rule, draft_kw, lookahead, stops, cost=None, max_copies=None):
     """The drafter as a proposer: (front, room) -> the Draft of the open block (draft), never
-    past the `room` max_new_tokens leaves, cut to the prefix worth verifying (Draft.sized)
-    by the cost model `cost`, if one is given."""
+    past the `room` max_new_tokens leaves, cut to the prefix whose states fit `max_copies`
+    copies (capped), then to the prefix worth verifying (Draft.sized) by the cost model
+    `cost`, if one is given."""
     B = rule.block_size
 
     def drafts(front, room):
         ahead = min(lookahead, max(0, -(-room // B)))               # blocks of room left
         d = draft(dsess, front.block, front.pos, rule, **draft_kw, lookahead=ahead, stops=stops,
                   cost=cost)
+        d = capped(d, max_copies)
         return d.sized(cost) if cost else d
     return drafts
+
+
+def capped(d, max_copies):
+    """The longest prefix of Draft d whose states fit in max_copies block copies (None: d)."""
+    k = len(d.pos)
+    while max_copies is not None and k and len(d.prefix(k).kept_copies()) > max_copies:
+        k -= 1
+    return d if k == len(d.pos) else d.prefix(k)
 
 
 def accepted(g, w):
@@ -155,7 +164,8 @@ def check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_sto
             raise ValueError(f"{name} must be in (0, 1], got {x}")
 
 
-def propose_reference(reference, rule, lookahead, stops, lookup_n, cost, vocab, temporal):
+def propose_reference(reference, rule, lookahead, stops, lookup_n, cost, vocab, temporal,
+                      max_copies=None):
     """A drafter-free source (drafts.py: "trajectory" or "lookup") as a proposer, like
     propose_drafts; on the temporal path within the open block, point proposals (one-hot
     p_draft), and lookup's drafts left to right."""
@@ -165,6 +175,7 @@ def propose_reference(reference, rule, lookahead, stops, lookup_n, cost, vocab, 
         ahead = 0 if temporal else min(lookahead, max(0, -(-room // B)))
         d = trajectory(front, rule, ahead, stops) if reference == "trajectory" else \
             lookup_draft(front, rule, lookup_n, ahead, stops, hinted=not temporal)
+        d = d if temporal else capped(d, max_copies)
         d = d.sized(cost) if cost and len(d.tau) else d
         return point(d, vocab) if temporal else d
     return drafts
@@ -211,7 +222,7 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
                    acceptance="lossless", gamma=None, gate=GATE, draft_threshold=DRAFT_THRESHOLD,
                    draft_stop=DRAFT_STOP, rope_copy=True, order="tau", fuse_commit=True,
                    eos_id=None, generator=None, on_block=None, lookahead=None, cost=None,
-                   copy_commit=True, reference="drafter", lookup_n=LOOKUP_N):
+                   copy_commit=True, reference="drafter", lookup_n=LOOKUP_N, max_rows=None):
     """SimSD decoding. target, drafter: Transformers sharing a tokenizer (batch 1); drafter None
     with a drafter-free `reference` (drafts.py: trajectory, lookup up to lookup_n-grams). rule:
     the target's DecodeRule, the drafter's too. verifier, acceptance: the module docstrings;
@@ -219,7 +230,9 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     draft_stop: accept_gated, draft. lookahead: blocks past the open one drafts may reach
     (copies; default LOOKAHEAD). cost: a cost model (costs.py) sizing the drafts (None: all
     verified). copy_commit: decode.Session.commit. rope_copy, order: the paper's ablations.
-    generator: the target's stream (lossless: plain's tokens). -> (new ids, stats)."""
+    max_rows: the most query rows of a verification's copies (None: no cap; a GPU's: cli.py);
+    drafts past it are not made or not verified. generator: the target's stream (lossless:
+    plain's tokens). -> (new ids, stats)."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order,
@@ -228,9 +241,12 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     B, temporal = rule.block_size, verifier == "temporal"
     lookahead = (0 if temporal else LOOKAHEAD) if lookahead is None else lookahead
     gamma = B * (1 + lookahead) if gamma is None else gamma
+    max_copies = None if temporal else copies_cap(max_rows, B)
+    gamma = gamma if max_copies is None else max(1, min(gamma, max_copies - 1))
     ids = check_prompt(prompt, c, max_new_tokens, target.embed.weight.device)
     t0, hist, ends, stops = time.perf_counter(), Counter(), Counter(), stop_ids(c, eos_id)
-    scratch = (4 if temporal else gamma + lookahead + 4) * B
+    syncs = SYNCS["host"]
+    scratch = (4 if temporal else min(gamma + lookahead + 1, max_copies or gamma + B) + 3) * B
     sessions = [Session(target, B, len(ids) + max_new_tokens + scratch, fuse_commit, copy_commit)]
     cost, extra = None if temporal else cost, no_extra
     if reference == "drafter":
@@ -238,10 +254,10 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
                                 fuse_commit))
         draft_kw = dict(gamma=gamma, draft_threshold=draft_threshold, draft_stop=draft_stop,
                         generator=drafters_stream(generator))
-        drafts = propose_drafts(sessions[1], rule, draft_kw, lookahead, stops, cost)
+        drafts = propose_drafts(sessions[1], rule, draft_kw, lookahead, stops, cost, max_copies)
     else:
         drafts = propose_reference(reference, rule, lookahead, stops, lookup_n, cost,
-                                   c.vocab_size, temporal)
+                                   c.vocab_size, temporal, max_copies)
         extra = extra if reference == "lookup" and temporal else ranked(rule)
     round_ = tallied(simsd_round(sessions[0], drafts, rule, verifier, acceptance, gate, rope_copy,
                                  order, generator, extra), hist, ends)
@@ -252,7 +268,8 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
         tsess.rows), rows_draft=dict(dsess[0].rows) if dsess else {}, tokens=len(out),
         seconds=seconds, rounds=rounds, accept_hist=dict(sorted(hist.items())), lookahead=lookahead,
         round_ends={k: v for k, v in ends.items() if v}, tokens_per_s=len(out) / seconds,
-        reference=reference, mean_accepted=sum(k * v for k, v in hist.items()) / max(rounds, 1))
+        reference=reference, mean_accepted=sum(k * v for k, v in hist.items()) / max(rounds, 1),
+        syncs=SYNCS["host"] - syncs)
 
 
 def tallied(round_, hist, ends):

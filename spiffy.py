@@ -29,7 +29,8 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from decode import DecodeRule, Session, check_prompt, packed_index, round_loop, stop_ids, to_device
+from decode import (DecodeRule, Session, check_prompt, copies_cap, packed_index, round_loop,
+                    stop_ids, to_device, to_host, SYNCS)
 from verify import Guesses, lossless_round, no_extra, propose_nothing
 
 DRAFT_BUDGET = 8   # D*: the most draft-graph nodes verified a forward
@@ -201,18 +202,21 @@ def draft_copies(ranked, state, block, graph, budget, rule, cross, stops, cost=N
 @torch.no_grad()
 def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
                     draft_budget=DRAFT_BUDGET, fuse_commit=True, eos_id=None, generator=None,
-                    on_block=None, cost=None, copy_commit=True):
+                    on_block=None, cost=None, copy_commit=True, max_rows=None):
     """Spiffy decoding; decode.generate's arguments and output, plus graph: a calibrated graph
     (load_graph; None: plain decoding); draft_budget: D*, the most copies a forward verifies
     besides the open block's own state; cost: a cost model (costs.py) the copies are sized by,
     None: up to D* (draft_copies). A finishing draft brings the next block's first state
-    (blocks_ahead); copy_commit: see decode.Session.commit."""
+    (blocks_ahead); copy_commit: see decode.Session.commit. max_rows: the most query rows of a
+    verification's copies (None: no cap; decode.copies_cap): D* shrinks to fit."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     if draft_budget < 1:
         raise ValueError(f"draft budget D* must be >= 1, got {draft_budget}")
     ids = check_prompt(prompt, c, max_new_tokens, model.embed.weight.device)
-    B, t0, stops = rule.block_size, time.perf_counter(), stop_ids(c, eos_id)
+    max_copies = copies_cap(max_rows, rule.block_size)
+    draft_budget = draft_budget if max_copies is None else min(draft_budget, max_copies - 1)
+    B, t0, stops, syncs = rule.block_size, time.perf_counter(), stop_ids(c, eos_id), SYNCS["host"]
     scratch = (draft_budget + 4) * B
     sess = Session(model, B, len(ids) + max_new_tokens + scratch, fuse_commit, copy_commit)
     advanced, verified, crossings = Counter(), Counter(), Counter()
@@ -240,7 +244,7 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
                      seconds=seconds, tokens_per_s=len(out) / seconds,
                      steps_per_forward=dict(sorted(advanced.items())),
                      nodes_per_forward=dict(sorted(verified.items())),
-                     blocks_ahead=crossings["blocks"], lookahead=1)
+                     blocks_ahead=crossings["blocks"], lookahead=1, syncs=SYNCS["host"] - syncs)
 
 
 @torch.no_grad()

@@ -108,16 +108,21 @@ def test_bench_quick_reports_every_method(capsys):
                for r in rec["results"])
 
 
-def test_the_modelled_gpu_cost_is_a_roofline_of_the_counted_forwards():
+def test_the_modelled_gpu_cost_is_a_roofline_of_the_counted_work():
     """Memory-bound forwards cost one target-forward equivalent each, whatever their rows; a
     forward past the ridge point costs in proportion to its rows; a drafter forward costs its
-    share of the target's weights."""
+    share of the target's weights or its launch-bound floor, whichever is more; a host sync
+    costs sync_s."""
     gpu = bench.GPU_MODEL
-    params = {k: sol.preset_params(k) for k in (gpu["target"], gpu["drafter"])}
+    (p_target, _), (p_drafter, layers) = (sol.preset_params(gpu[k]) for k in ("target", "drafter"))
+    floor = 2 * p_target / gpu["bandwidth"]                 # seconds of one target forward
     ridge = gpu["flops"] / gpu["bandwidth"]                 # rows where compute equals the weight read
     assert bench.modelled_gpu_cost({4: 10, 40: 5}, {}, 30) == pytest.approx(15 / 30)
     assert bench.modelled_gpu_cost({round(4 * ridge): 1}, {}, 1) == pytest.approx(round(4 * ridge) / ridge)
-    assert bench.modelled_gpu_cost({}, {4: 1}, 1) == pytest.approx(params[gpu["drafter"]] / params[gpu["target"]])
+    drafter = max(2 * p_drafter / gpu["bandwidth"], layers * gpu["layer_s"]) / floor
+    assert bench.modelled_gpu_cost({}, {4: 1}, 1) == pytest.approx(drafter)
+    assert drafter > p_drafter / p_target                    # the drafter is launch-bound
+    assert bench.modelled_gpu_cost({4: 1}, {}, 1, syncs=2) == pytest.approx(1 + 2 * gpu["sync_s"] / floor)
 
 
 def test_bench_takes_sample_py_s_spec_names(capsys):
@@ -134,8 +139,9 @@ def test_bench_takes_sample_py_s_spec_names(capsys):
 def test_bench_compile_both_runs_every_method_eager_and_compiled_in_one_run(monkeypatch, capsys):
     """--compile both: a row eager and a row compiled for each method (a deep copy of each model,
     compiled: dynamo's eager backend here, to be quick), each compiled row compared with
-    threshold compiled and with its own method eager, measured in the same run. B = 32's rows
-    grow the caches past what B = 4's were compiled for: the warm-up builds those graphs too."""
+    threshold compiled and with its own method eager, measured in the same run, a block size at
+    a time (B = 32's rows grow the caches past what B = 4's were compiled for: its warm-up
+    builds those graphs, after B = 4's timed passes)."""
     monkeypatch.setattr(bench.cli, "compile_model", lambda m, how: m.compile_dynamic(backend="eager"))
     status = bench.main(**bench.parse_args(["--prompts", "2", "--max-new-tokens", "8", "--methods",
                                             "threshold,simsd,spiffy", "--compile", "both",
@@ -144,7 +150,7 @@ def test_bench_compile_both_runs_every_method_eager_and_compiled_in_one_run(monk
     rec = last_json(out)
     names = ["threshold", "simsd-lossless+threshold", "spiffy+threshold"]
     rows = [(r["method"], r["block_size"]) for r in rec["results"]]
-    assert status == 0 and rows == [(m + c, b) for c in ("", " compiled") for b in (4, 32) for m in names]
+    assert status == 0 and rows == [(m + c, b) for b in (4, 32) for c in ("", " compiled") for m in names]
     by = {r["method"]: r for r in rec["results"] if r["block_size"] == 4}
     for m in names:
         assert "speedup_vs_eager" not in by[m] and by[m + " compiled"]["same_as"] == "threshold compiled"

@@ -16,11 +16,12 @@ compares it with `threshold`, the others with `plain`, one token a step):
 
 Per row: tokens/s and its ratio to `threshold` and `sdar` in this run, forwards per token,
 tokens per target forward (and its fraction of the limit B (1 + K), K the blocks a round can
-reach past its own), accuracy, and "same": the share of prompts whose output is its plain
-counterpart's. Prompts are interleaved, warm-up is timed apart, wall time is the median over
---repeats; the cost model each B's copies are sized by is named; the last line is one JSON
-object. Exit status 1 if a lossless method differs from its counterpart in fp32 (in bf16
-"same" is an agreement rate).
+reach past its own), host syncs per target forward, accuracy, "same": the share of prompts
+whose output is its plain counterpart's, and "= eager", a compiled row's with its eager self.
+Prompts are interleaved, warm-up (compiling) is timed apart, wall time is the median over
+--repeats; the JSON is saved after each block size; the last line is one JSON object. Exit
+status 1 if a lossless method or a compiled row changed a token in fp32 (in bf16 "same" and
+"= eager" are agreement rates).
 
     python bench.py --block-size 4,8,32 --prompts 40 --repeats 2 --out docs/bench.json
     python bench.py --quick                # smoke test, < 60 s on 2 CPU cores
@@ -154,7 +155,8 @@ COLUMNS = [("method", "method", "{}"), ("B", "block_size", "{}"), ("tok/s", "tok
            ("tgt fwd/tok", "target_fwd_per_token", "{:.3f}"), ("drf fwd/tok", "draft_fwd_per_token", "{:.2f}"),
            ("tok/tgt fwd", "tokens_per_target_fwd", "{:.2f}"), ("of limit", "fraction_of_limit", "{:.0%}"),
            ("mean/round", "mean_per_round", "{:.2f}"), ("accuracy", "accuracy", "{:.1%}"),
-           ("same", "same_fraction", "{:.0%}"), ("stopped", "stopped_fraction", "{:.0%}"),
+           ("same", "same_fraction", "{:.0%}"), ("= eager", "same_as_eager", "{:.0%}"),
+           ("stopped", "stopped_fraction", "{:.0%}"),
            ("rows/tok", "target_rows_per_token", "{:.1f}"), ("syncs/fwd", "syncs_per_target_fwd", "{:.1f}"),
            ("GPU fwd/tok*", "gpu_fwd_equiv_per_token", "{:.3f}")]
 
@@ -217,8 +219,9 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
 
 
 def compare(plan, outputs, results, tasks, exact):
-    """Rows with each method against its plain counterpart (same outputs?), sdar and plain
-    (speedups measured in this run) -> (rows, failures of lossless methods)."""
+    """Rows with each method against its plain counterpart (same outputs?), a compiled row
+    against its eager self too, sdar and plain (speedups measured in this run) -> (rows,
+    failures: a lossless method or a compiled row that changed a token, in fp32)."""
     rows, failed = [], []
     for (name, B), (m, _) in plan.items():
         base, threshold = parse_method(m)
@@ -229,6 +232,12 @@ def compare(plan, outputs, results, tasks, exact):
                          same_fraction=sum(same) / len(same)))
         if base in LOSSLESS and exact and not all(same):
             failed.append(f"{name} at B={B} differs from {plain} on {len(same) - sum(same)} prompt(s)")
+        eager = name.removesuffix(COMPILED).removesuffix(DRAFTER_COMPILED)
+        if eager != name and (eager, B) in outputs:   # compiling must not change a token either
+            same = [a == b for a, b in zip(outputs[(name, B)], outputs[(eager, B)])]
+            rows[-1]["same_as_eager"] = sum(same) / len(same)
+            if exact and not all(same):
+                failed.append(f"{name} at B={B} differs from {eager} (eager) on {len(same) - sum(same)} prompt(s)")
     for r in rows:
         base, tag = {m["method"]: m for m in rows if m["block_size"] == r["block_size"]}, COMPILED * r["method"].endswith(COMPILED)
         for ref in ("sdar", "plain", "threshold"):
@@ -251,8 +260,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     """Method flags (drafter ... draft_budget): None/() = the default, an error when no method
     uses them. speed_of_light: a preset or checkpoint directory: sol.py's figures instead."""
     if speed_of_light:
-        cli.check_device(device)
-        cli.check_dtype(device, dtype)
+        cli.check_device(device, dtype)
         sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile, quick=quick)
         return 0
     simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead, lookup_n=lookup_n)
@@ -262,7 +270,8 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     drafted, tag = any(parse_method(m)[0] in DRAFTED for m in methods), TAGS.get(compile)
     if compile == "drafter" and not drafted:
         raise ValueError("--compile drafter: none of --methods runs a drafter (simsd does)")
-    cli.check_dtype(device, dtype)
+    cli.check_device(device, dtype)
+    cli.check_max_rows(max_rows, min(block_sizes))
     dtype, limit_hits = getattr(torch, dtype) if dtype else None, cli.RecompileLimitHits() if compile else None
     tgt, tok, drf = cli.load_models(target, (drafter or "") if drafted else None, block_sizes, device, dtype,
                                     not tag and compile, stop_ids)
@@ -282,28 +291,37 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
         [m for m in methods if end != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep,
         ablate, strategy, draft_budget or DRAFT_BUDGET, cost, rows_cap, end,
         **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
-    exact, rows, failed, after_warmup = tgt.embed.weight.dtype == torch.float32, [], [], 0
-    for B in block_sizes:     # a block size at a time, its rows saved as it ends (a time-out keeps them)
-        plan_b = {k: v for k, v in plan.items() if k[1] == B}
-        outputs, results, graphs = measure(plan_b, tasks, max_new_tokens, tok, repeats, device,
-                                           lambda name: compile and (not tag or name.endswith(tag)))
-        rows_b, failed_b = compare(plan_b, outputs, results, tasks, exact)
-        rows, failed, after_warmup = rows + rows_b, failed + failed_b, after_warmup + graphs
-        result = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device,
-                      torch=torch.__version__, tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens,
-                      repeats=repeats, results=rows, lossless_ok=not failed, notes=notes, gpu_model=GPU_MODEL,
-                      date=time.strftime("%Y-%m-%d"), complete=B == block_sizes[-1])
-        if out:
-            with util.atomic_write(out) as tmp:
-                tmp.write_text(json.dumps(result, indent=1) + "\n")
+    head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__,
+                tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats)
+    result, rows, failed, after_warmup = by_block_size(
+        plan, block_sizes, tasks, max_new_tokens, tok, repeats, device, lambda name: compile and (
+            not tag or name.endswith(tag)), tgt.embed.weight.dtype == torch.float32, out, dict(head, notes=notes))
     print("\n".join([table(rows)] + [f"{r['method']} B={r['block_size']} rounds ended: {r['round_ends']}"
                                      for r in rows if r["round_ends"]] + notes + [f"FAILED: {f}" for f in failed]))
-    result["dynamo"] = limit_hits.report(counters, after_warmup) if compile else {}
+    print(json.dumps(save(out, dict(result, dynamo=limit_hits.report(counters, after_warmup) if compile else {}))))
+    return 1 if failed else 0
+
+
+def by_block_size(plan, block_sizes, tasks, max_new_tokens, tok, repeats, device, compiled, exact, out, head):
+    """measure and compare a block size at a time, the JSON saved as each ends (a time-out keeps
+    the finished ones). -> (the JSON's dict, rows, failures, graphs compiled after warm-up)."""
+    rows, failed, after_warmup = [], [], 0
+    for B in block_sizes:
+        plan_b = {k: v for k, v in plan.items() if k[1] == B}
+        outputs, results, graphs = measure(plan_b, tasks, max_new_tokens, tok, repeats, device, compiled)
+        rows_b, failed_b = compare(plan_b, outputs, results, tasks, exact)
+        rows, failed, after_warmup = rows + rows_b, failed + failed_b, after_warmup + graphs
+        result = save(out, dict(head, results=rows, lossless_ok=not failed, gpu_model=GPU_MODEL,
+                                date=time.strftime("%Y-%m-%d"), complete=B == block_sizes[-1]))
+    return result, rows, failed, after_warmup
+
+
+def save(out, result):
+    """result, written to `out` (if given) whole or not at all -> result."""
     if out:
         with util.atomic_write(out) as tmp:
             tmp.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result))
-    return 1 if failed else 0
+    return result
 
 
 def parse_args(argv=None):

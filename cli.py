@@ -5,7 +5,9 @@ is read. Imports point down: this module imports the decoders, none of them impo
 """
 import copy
 import logging
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -110,7 +112,7 @@ def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=
 def compile_models(target, drafter, how):
     """--compile `how` for both models (drafter None: none), or "drafter": the drafter alone,
     "auto" (on a CPU its forward then costs about a fifth of the eager target's, against
-    about a third eager: README, "The drafter compiled alone")."""
+    about a third eager: docs/results.md, "The drafter compiled alone")."""
     if how == "drafter":
         if drafter is None:
             raise ValueError("--compile drafter: this method runs no drafter (--spec simsd with one does)")
@@ -130,7 +132,7 @@ def compile_model(model, how="auto"):
     cuda = model.embed.weight.is_cuda
     if how == "static" or (how == "auto" and cuda):
         model.compile_decoding(**dict(mode="reduce-overhead") if cuda else {})
-    else:   # on a CPU, inductor's C++ wrapper: a compiled forward 5-12% faster (README)
+    else:   # on a CPU, inductor's C++ wrapper: a compiled forward 5-12% faster (docs/results.md)
         model.compile_dynamic(options=dict(cpp_wrapper=not cuda))
 
 
@@ -166,6 +168,40 @@ def warm_up(runs, prompts, max_new_tokens, block_size, target, drafter=None, max
     seconds, graphs = time.perf_counter() - t0, counters["stats"]["unique_graphs"] - graphs
     print(f"warm-up: {seconds:.1f} s, {graphs} graph(s) compiled")
     return seconds, graphs
+
+
+@contextmanager
+def eager(*models):
+    """Inside the block, the models run eager: their compiled trunks (compile_decoding's,
+    compile_dynamic's) set aside."""
+    saved = [(m, m.__dict__.pop("trunk", None), m.static_trunk) for m in models if m is not None]
+    try:
+        for m, _, _ in saved:
+            m.static_trunk = None
+        yield
+    finally:
+        for m, trunk, static in saved:
+            m.static_trunk = static
+            if trunk is not None:
+                m.trunk = trunk
+
+
+def check_compiled(decode, *models):
+    """Compiling must not change a token: decode() -> ids, compiled and then eager. In fp32 a
+    difference is an error; in bf16 or fp16 (where a forward of another shape may round a
+    near-tie the other way) a warning. Compiled decoding on CUDA is known to differ today
+    (README, "The GPU check"; tests/test_cuda.py)."""
+    compiled = decode()
+    with eager(*models):
+        plain = decode()
+    if compiled == plain:
+        return
+    where = next(i for i, (a, b) in enumerate(zip(compiled + [None], plain + [None])) if a != b)
+    msg = f"compiled decoding gave other tokens than eager from token {where} on"
+    if models[0].embed.weight.dtype == torch.float32:
+        raise ValueError(msg + "; run without --compile")
+    print(f"warning: {msg} (in {models[0].embed.weight.dtype} a near-tie may round either way)",
+          file=sys.stderr)
 
 
 def verified_blocks(block_size, max_rows):
@@ -240,8 +276,9 @@ def check_block_size(model, block_size, name):
         raise ValueError(f"{name} was trained for block size(s) {list(supported)}, not {block_size}")
 
 
-def check_device(device):
-    """A device this code runs on (cpu or cuda), and a GPU when one is asked for."""
+def check_device(device, dtype=None):
+    """A device this code runs on (cpu or cuda), a GPU when one is asked for, and a --dtype it
+    can run (check_dtype)."""
     try:
         dev = torch.device(device)
     except RuntimeError:
@@ -252,8 +289,9 @@ def check_device(device):
         raise ValueError("--device cuda asked for, but no GPU is available")
     if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
         raise ValueError(f"--device {device}: there are only {torch.cuda.device_count()} GPU(s)")
-    if dev.type == "cuda":   # flex attention's kernels run on the current device
-        torch.cuda.set_device(dev)
+    if dev.type == "cuda" and dev.index is not None:   # flex attention's kernels run on the
+        torch.cuda.set_device(dev)                      # current device
+    check_dtype(device, dtype)
 
 
 def check_dtype(device, dtype):
@@ -302,10 +340,11 @@ SPIFFY_FLAGS = ("graph", "draft_budget")
 SPEC_FLAGS = ("cost_table", "max_rows")   # both speculative methods
 
 
-def check_spec_flags(spec, **flags):
+def check_spec_flags(spec, block_size=None, **flags):
     """sample.py's and harness.py's method flags: SIMSD_FLAGS for simsd, SPIFFY_FLAGS for
     spiffy (None: that method's default), each refused by the other methods."""
     util.check_positive(gamma=flags["gamma"], draft_budget=flags["draft_budget"])
+    check_max_rows(flags.get("max_rows"), block_size)
     check_unit(gate=flags["gate"], draft_threshold=flags["draft_threshold"], draft_stop=flags["draft_stop"])
     owners = {k: ["simsd"] for k in SIMSD_FLAGS} | {k: ["spiffy"] for k in SPIFFY_FLAGS} | {
         k: ["simsd", "spiffy"] for k in SPEC_FLAGS}

@@ -270,7 +270,8 @@ class Session:
             raise RuntimeError(f"{T} query rows after {self.committed} overflow the KV cache")
         # the masks' offsets as device tensors (a compiled kernel on a GPU cannot read CPU ones),
         # each its own (views of one tensor would tie the compiled graphs' guards together)
-        start, n_commit_t, n_real = (to_device(x, self.device) for x in (self.committed, n_commit, T))
+        start, n_commit_t, n_real = (to_device(x, self.device)
+                                     for x in (self.committed, n_commit, T))
         mask = mask_for(start, n_commit_t)
         static = self.static and not eager
         if static and T > MAX_BUCKET * B:
@@ -279,15 +280,14 @@ class Session:
         if static:
             pad = (B << (-(-T // B) - 1).bit_length()) - T
             x = self.model.static_trunk(self.model, F.pad(tokens, (0, pad))[None],
-                                        F.pad(pos, (0, pad)), start, masks.padded(mask, start, n_real, T + pad))
+                                        F.pad(pos, (0, pad)), start,
+                                        masks.padded(mask, start, n_real, T + pad))
             x = x[:, T - keep:T]
             logits = self.model.head(x if rows is None else x[:, rows])
         else:
             # fresh tensors, not views: torch.compile guards on a view's base too, and a base
             # of another shape (a copy's positions, a pending block's cat) is another graph
-            tokens, pos, rows = (x if x is None else x.clone() for x in (tokens, pos, rows))
-            if rows is not None:   # a count like any other to torch.compile: 1 not specialised
-                torch._dynamo.decorators.mark_unbacked(rows, 0)
+            tokens, pos = tokens.clone(), pos.clone()
             logits = self.model(tokens[None], pos, self.committed, mask, keep=keep, rows=rows)
         self.committed, self.pending = self.committed + n_commit, None
         self.queries_at = self.committed      # where the rows after the pending block were written

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from decode import to_device
 from verify import Guesses
 
-LOOKUP_N = 3          # the longest n-gram lookup matches (README: chosen by measurement)
+LOOKUP_N = 3          # the longest n-gram lookup matches (docs/results.md: by measurement)
 LOOKUP_MIN_N = 3      # the shortest
 LOOKUP_CHANCE = (0.3, 0.85)   # lookup's guess that its first token is kept, and each next one
                               # after it (sizing only; docs/lookup_keep.py: 0.12-0.57, 0.4-0.93)

@@ -64,7 +64,7 @@ phase() {   # phase NAME SECONDS LOG COMMAND...: COMMAND in its time box (PHASE_
 }
 
 "$py" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
-phase tests "$(box tests)" - "$py" -m pytest -q -n 0 -p no:cacheprovider tests/test_cuda.py "${tests[@]}"
+phase tests "$(box tests)" - "$py" -m pytest -q -x -n 0 -p no:cacheprovider tests/test_cuda.py "${tests[@]}"
 phase bench "$(box bench)" - "$py" bench.py "${dev[@]}" --compile both --block-size $sizes "${bench[@]}" \
     --methods $methods --out "$out/gpu_bench.json"
 phase sol-eager "$(box sol-eager)" "$out/gpu_sol_eager.txt" "$py" bench.py --speed-of-light $sol "${dev[@]}"
@@ -86,7 +86,8 @@ if path.is_file():
         eager = f"{r['speedup_vs_eager']:.2f}x eager" if "speedup_vs_eager" in r else ""
         print(f"  B={r['block_size']:<2} {r['method']:<35} {r['tokens_per_s']:8.1f} tok/s  "
               f"{r['speedup_vs_threshold']:.2f}x threshold  {eager:>10}  "
-              f"{r['tokens_per_target_fwd']:.2f} tokens/target forward")
+              f"{r['tokens_per_target_fwd']:.2f} tokens/target forward"
+              + (f", {r['same_as_eager']:.0%} as eager" if "same_as_eager" in r else ""))
 else:
     print(f"bench: no {path.name}")
 path = out / "gpu_round_costs.txt"

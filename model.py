@@ -281,9 +281,10 @@ class Transformer(nn.Module):
         self.static_trunk = many_graphs(torch.compile(type(self).trunk, dynamic=False, **options))
 
     def compile_dynamic(self, **options):
-        """Compile the forward once for dynamic shapes (the CPU's --compile): a graph per mask
-        kind (block-causal, copies, temporal) and model, not per length."""
-        self.forward = many_graphs(torch.compile(self.forward, dynamic=True, **options))
+        """Compile the trunk once for dynamic shapes (the CPU's --compile): a graph per mask
+        kind (block-causal, copies, temporal) and model, not per length. The head runs eager,
+        as with static shapes: the rows it is asked for never reach a graph."""
+        self.trunk = many_graphs(torch.compile(self.trunk, dynamic=True, **options))
 
 
 def many_graphs(compiled, n=64):

@@ -8,11 +8,10 @@
         --device cuda --dtype bfloat16 --prompt "What is 17 * 23?"
 
 Every method decodes with the same rule unless told otherwise: the threshold rule at 0.9
-(cli.THRESHOLD). SimSD and Spiffy keep that rule's output token for token; they only change
-how many target forwards it takes. Text is printed block by block as it is committed, then a
-one-line summary (decoding time without loading and a warm-up block, which are timed apart);
-with --json the last line is one JSON object. Bad input is one line `error: ...` on stderr
-and a non-zero exit status.
+(cli.THRESHOLD); SimSD and Spiffy keep its output token for token, in fewer target forwards.
+Text is printed block by block, then a one-line summary (decoding time apart from loading and
+warm-up; with --compile the warm-up compiles every graph and checks the tokens against eager);
+with --json the last line is one JSON object. Bad input: one line `error: ...`, exit status 1.
 """
 import argparse
 import json
@@ -33,23 +32,20 @@ SPECS = ("none", "simsd", "spiffy")
 
 
 def check_args(spec, device, block_size, max_new_tokens, threshold, temperature, top_k, top_p,
-               eb_threshold, graph, flags, dtype=None, max_rows=None):
+               eb_threshold, graph, flags, dtype=None):
     """Every flag, before any file is read (flags: cli.SIMSD_FLAGS and draft_budget)."""
     if spec not in SPECS:
         raise ValueError(f"unknown --spec {spec!r}; choose from {', '.join(SPECS)}")
     util.check_positive(block_size=block_size, top_k=top_k, max_new_tokens=max_new_tokens)
     cli.check_rule(threshold, temperature, top_p, eb_threshold)
-    cli.check_spec_flags(spec, graph=graph, **flags)
-    cli.check_device(device)
-    cli.check_dtype(device, dtype)
-    cli.check_max_rows(max_rows, block_size)
+    cli.check_spec_flags(spec, block_size, graph=graph, **flags)
+    cli.check_device(device, dtype)
 
 
 def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtype, compile,
             stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None):
-    """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), the cost model
-    and the row cap in words); kw: the decoder's own (generator, on_block, SimSD's or Spiffy's
-    settings, a rule)."""
+    """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), its copies'
+    sizing in words, cli.warm_up's models); kw: the decoder's own (generator, on_block, ...)."""
     dtype = getattr(torch, dtype) if dtype else None
     model, tok = cli.load(target, device, dtype, stop_ids)
     rule = cli.make_rule(model, block_size, cli.default_threshold(threshold, strategy),
@@ -69,9 +65,9 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
         run = lambda ids, n, rule=rule, **kw: spiffy_generate(model, ids, n, rule, graph=g, cost=cost,
                                                               max_rows=rows, **kw)
     cli.compile_models(model, drf, compile)
-    note = None if spec == "none" or verifier == "temporal" else cost_note
-    blocks = 2 if spec == "none" else 3 if verifier == "temporal" else cli.verified_blocks(rule.block_size, rows)
-    return model, tok, rule, run, note, dict(target=model, drafter=drf, max_blocks=blocks)
+    plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
+    return model, tok, rule, run, None if plain else cost_note, dict(
+        target=model, drafter=drf, max_blocks=2 if spec == "none" else 3 if verifier == "temporal" else blocks)
 
 
 def summary(spec, stats, rule, load_s, cost_note=None):
@@ -97,7 +93,7 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     if method:
         raise TypeError(f"unknown setting(s) {', '.join(method)}")
     check_args(spec, device, block_size, max_new_tokens, threshold, temperature, top_k, top_p,
-               eb_threshold, graph, flags, dtype, flags["max_rows"])
+               eb_threshold, graph, flags, dtype)
     t0 = time.perf_counter()
     model, tok, rule, run, cost_note, warm = prepare(
         spec, target, flags.pop("drafter"), block_size, threshold, strategy, device, dtype, compile,
@@ -110,11 +106,12 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     check_prompt(ids, model.config, max_new_tokens, device)
     kw = {k: v for k, v in flags.items() if v is not None}
     seeded = lambda: torch.Generator(device=device).manual_seed(seed)   # noqa: E731
-    if compile:   # the timed run's own path, untimed, first (same seed): no compile in the timing
-        cli.warm_up([lambda ids, n: run(ids, n, generator=seeded(), **kw)], [ids], max_new_tokens,
-                    rule.block_size, **warm)
+    decode = lambda n: run(ids, n, generator=seeded(), **kw)[0]          # noqa: E731
+    if compile:   # every graph built, and the tokens checked against eager's, before the timing
+        cli.warm_up([lambda _, n: decode(n)], [ids], max_new_tokens, rule.block_size, **warm)
+        cli.check_compiled(lambda: decode(max_new_tokens), warm["target"], warm["drafter"])
     else:         # one block: the first forwards' one-off costs
-        run(ids, min(rule.block_size, max_new_tokens), generator=seeded(), **kw)
+        decode(min(rule.block_size, max_new_tokens))
     load_s, shown = time.perf_counter() - t0, []
 
     def on_block(new):  # print as blocks are committed (decode the whole text: multi-byte pieces)
@@ -144,12 +141,10 @@ def parse_args(argv=None):
                     "held-out word problem)")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="the most tokens to add")
     ap.add_argument("--block-size", type=int, default=None, help="B (default: the target's)")
-    cli.model_flags(ap)
-    cli.rule_flags(ap)
-    cli.simsd_flags(ap)
-    cli.spiffy_flags(ap)
-    out = ap.add_argument_group("output")
-    out.add_argument("--json", dest="as_json", action="store_true", help="last line: one JSON object")
+    for flags in (cli.model_flags, cli.rule_flags, cli.simsd_flags, cli.spiffy_flags):
+        flags(ap)
+    ap.add_argument_group("output").add_argument("--json", dest="as_json", action="store_true",
+                                                 help="last line: one JSON object")
     args = vars(ap.parse_args(argv))
     if args["stop_ids"] is not None:
         args["stop_ids"] = util.int_list(args["stop_ids"], "--stop-ids")

@@ -14,9 +14,9 @@ rules, which keep the drafter's choice of positions and their order, and so chan
             norm(max(0, p_target - p_draft)). "gated" (copies only, accept_gated): only where
             the target is sure of that position in that exact state; where it is not, the
             target's own step, and the round ends.
-Measured on the embedded pair (README): what loses answers at B = 8 and 32 is the ORDER the
-drafter reveals positions in, not the temporal mask's approximation: "copies" with "paper"
-loses as many as "temporal"; "gated" keeps the target's answers.
+Measured on the embedded pair (docs/results.md): what loses answers at B = 8 and 32 is the
+ORDER the drafter reveals positions in, not the temporal mask's approximation: "copies" with
+"paper" loses as many as "temporal"; "gated" keeps the target's answers.
 """
 from dataclasses import replace
 

@@ -30,15 +30,15 @@ from functools import partial
 import torch
 
 import mask as masks
-from decode import (DecodeRule, Session, check_prompt, copies_cap, packed_index, prompt_list, round_loop,
-                    stop_ids, to_device, to_host, SYNCS)
+from decode import (SYNCS, DecodeRule, Session, check_prompt, copies_cap, packed_index, prompt_list,
+                    round_loop, stop_ids, to_device, to_host)
 from drafts import (LOOKUP_N, REFERENCES, Draft, lookup_draft, point, trajectory, weighed,
                     worth_verifying)
 from simsd_paper import GATE, accept_gated, accept_paper, copies_round, draw, temporal_round
 from verify import lossless_round, no_extra
 
 VERIFIERS, ACCEPTS = ("temporal", "copies"), ("paper", "gated", "lossless")
-DRAFT_THRESHOLD, DRAFT_STOP = 0.5, 0.3   # chosen by measurement on the embedded pair (README)
+DRAFT_THRESHOLD, DRAFT_STOP = 0.5, 0.3   # measured on the embedded pair (docs/results.md)
 LOOKAHEAD = 3   # blocks drafted past the open one (docs/results.md: chosen by measurement)
 
 
@@ -230,9 +230,8 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     draft_stop: accept_gated, draft. lookahead: blocks past the open one drafts may reach
     (copies; default LOOKAHEAD). cost: a cost model (costs.py) sizing the drafts (None: all
     verified). copy_commit: decode.Session.commit. rope_copy, order: the paper's ablations.
-    max_rows: the most query rows of a verification's copies (None: no cap; a GPU's: cli.py);
-    drafts past it are not made or not verified. generator: the target's stream (lossless:
-    plain's tokens). -> (new ids, stats)."""
+    max_rows: the most query rows of a verification's copies (None: no cap; a GPU's: cli.py).
+    generator: the target's stream (lossless: plain's tokens). -> (new ids, stats)."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order,
@@ -240,12 +239,11 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     check_reference(reference, drafter, c)
     B, temporal = rule.block_size, verifier == "temporal"
     lookahead = (0 if temporal else LOOKAHEAD) if lookahead is None else lookahead
-    gamma = B * (1 + lookahead) if gamma is None else gamma
     max_copies = None if temporal else copies_cap(max_rows, B)
-    gamma = gamma if max_copies is None else max(1, min(gamma, max_copies - 1))
-    ids = check_prompt(prompt, c, max_new_tokens, target.embed.weight.device)
+    gamma = min(B * (1 + lookahead) if gamma is None else gamma,
+                max(1, (max_copies or float("inf")) - 1))
+    ids, syncs = check_prompt(prompt, c, max_new_tokens, target.embed.weight.device), SYNCS["host"]
     t0, hist, ends, stops = time.perf_counter(), Counter(), Counter(), stop_ids(c, eos_id)
-    syncs = SYNCS["host"]
     scratch = (4 if temporal else min(gamma + lookahead + 1, max_copies or gamma + B) + 3) * B
     sessions = [Session(target, B, len(ids) + max_new_tokens + scratch, fuse_commit, copy_commit)]
     cost, extra = None if temporal else cost, no_extra

@@ -29,8 +29,8 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from decode import (DecodeRule, Session, check_prompt, copies_cap, packed_index, round_loop,
-                    stop_ids, to_device, to_host, SYNCS)
+from decode import (SYNCS, DecodeRule, Session, check_prompt, copies_cap, packed_index, round_loop,
+                    stop_ids, to_device, to_host)
 from verify import Guesses, lossless_round, no_extra, propose_nothing
 
 DRAFT_BUDGET = 8   # D*: the most draft-graph nodes verified a forward

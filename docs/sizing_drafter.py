@@ -1,4 +1,4 @@
-"""Does sized SimSD lose to every copy because the sizing leaves out the drafter? (README, "What
+"""Does sized SimSD lose to every copy because the sizing leaves out the drafter? (docs/results.md, "What
 the table says"). The cost table prices a round's verification forward alone (drafts.
 worth_verifying maximises expected steps / cost(copies)); but a round that verifies fewer drafts
 ends sooner, and every round runs the drafter again (sized: 0.45 / 0.37 drafter forwards a

@@ -148,20 +148,21 @@ def compiled_copies(*models):
 def warm_up(runs, prompts, max_new_tokens, block_size, target, drafter=None, max_blocks=2):
     """Compile before anything is timed. Each model's KV cache is sized first, once for the
     process (a cache of another size is new graphs): room for the longest prompt, the
-    generation and every decoder's scratch rows. A model compiled with static shapes runs a
-    forward of every query-row bucket decoding can reach (warm_buckets): the target's up to
-    max_blocks blocks (the pending block and a verification's copies), the drafter's up to 2.
-    Then each of `runs` (ids, n -> decoding) decodes the shortest and the longest prompt: the
-    graphs of decoding's own forwards. -> (seconds, graphs compiled), printed."""
+    generation and every decoder's scratch rows. A compiled model runs a forward of each graph
+    decoding can reach (warm_buckets: every bucket with static shapes, the target's up to
+    max_blocks blocks and the drafter's up to 2; every mask kind with dynamic ones), which a
+    later prompt could reach first. Then each of `runs` (ids, n -> decoding) decodes the
+    shortest and the longest prompt. -> (seconds, graphs compiled), printed."""
     t0, graphs = time.perf_counter(), counters["stats"]["unique_graphs"]
     ends = sorted(prompts, key=len)
-    for model, blocks in ((target, max_blocks), (drafter, 2)):
+    for model, blocks, kinds in ((target, max_blocks, ("plain", "copies", "ahead", "temporal")),
+                                 (drafter, 2, ("plain",))):
         if model is None:
             continue
         # scratch: SimSD's default copies (4 B drafts over 4 blocks), 3 blocks more, static padding
         model.setup_cache(len(ends[-1]) + max_new_tokens + (4 * block_size + 7 + MAX_BUCKET) * block_size)
-        if model.static_trunk is not None:
-            warm_buckets(model, block_size, blocks)
+        if model.static_trunk is not None or "trunk" in model.__dict__:   # compiled
+            warm_buckets(model, block_size, blocks, kinds)
     for run in runs:
         for ids in [ends[0]] + [ends[-1]] * (len(ends) > 1):
             run(ids, max_new_tokens)
@@ -211,17 +212,24 @@ def verified_blocks(block_size, max_rows):
 
 
 @torch.no_grad()
-def warm_buckets(model, B, max_blocks):
-    """With static shapes a model compiles one graph a query-row bucket, whatever the mask
-    (mask.padded): a forward of each, 1, 2, 4, ... blocks, up to the one max_blocks needs."""
+def warm_buckets(model, B, max_blocks, kinds=("plain",)):
+    """A forward of each graph decoding can reach. Static shapes: one graph a query-row bucket,
+    whatever the mask (mask.padded): 1, 2, 4, ... blocks, up to the one max_blocks needs.
+    Dynamic shapes: one graph a mask kind (plain, copies, copies of the next block, temporal),
+    whatever the length: one forward of three blocks each."""
     mask_id, device = model.config.mask_token_id, model.embed.weight.device
-    sess, blocks = Session(model, B, (2 * MAX_BUCKET + 1) * B), 1
-    while blocks < 2 * max_blocks:
-        tokens = torch.full((blocks * B,), mask_id, device=device)
+    sees = torch.ones(16, 16, dtype=torch.bool, device=device).tril()
+    step, slot = torch.arange(2 * B, device=device), torch.arange(2 * B, device=device) >= B
+    mask_of = dict(plain=lambda c, k: masks.block_causal(B, c),
+                   copies=lambda c, k: masks.block_copies(c, k, B),
+                   ahead=lambda c, k: masks.block_copies(c, k, B, sees),
+                   temporal=lambda c, k: masks.simsd_temporal(c, k, step, slot))
+    static = model.static_trunk is not None
+    sess, blocks = Session(model, B, (2 * MAX_BUCKET + 1) * B), [1 << i for i in range(MAX_BUCKET.bit_length())]
+    for n, kind in [(n, "plain") for n in blocks if n < 2 * max_blocks] if static else [(3, k) for k in kinds]:
+        tokens = torch.full((n * B,), mask_id, device=device)
         sess.committed = B
-        sess.forward(tokens, torch.arange(B, B + len(tokens), device=device),
-                     lambda c, k: masks.block_causal(B, c), keep=B)
-        blocks *= 2
+        sess.forward(tokens, torch.arange(B, B + len(tokens), device=device), mask_of[kind], keep=B)
 
 
 def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=None, top_p=None,

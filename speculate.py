@@ -43,7 +43,7 @@ LOOKAHEAD = 3   # blocks drafted past the open one (docs/results.md: chosen by m
 
 
 def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, generator=None,
-          lookahead=0, stops=(), cost=None):
+          lookahead=0, stops=(), cost=None, host=None):
     """The drafter's decoding, for up to gamma tokens. Positions are ranked by the confidence of
     their most likely token, not of the token drawn there, so which position gets drafted does
     not depend on the draw: the proposal at a drafted position is exactly p_draft, as
@@ -52,11 +52,12 @@ def draft(sess, block, pos, rule, gamma, draft_threshold=None, draft_stop=None, 
     lookahead: once the block is drafted whole (and holds none of the `stops` ids), draft on
     into up to that many later blocks, the drafted block committed to the drafter's cache
     tentatively; the cache is rolled back after (the static cache's rows are overwritten).
-    cost (a cost table, costs.py): also stop once a step's last draft is not worth verifying
-    (worth_verifying): later ones, each less likely, would be drafted for nothing."""
+    cost (a cost table): also stop once a step's last draft is not worth verifying (later ones
+    are less likely still). host: `block` on the host, where the caller has it (no sync)."""
     B, block, rows, per_block, base = rule.block_size, block.clone(), [], [0], None
     chance, ends, where, tau = [], [], [], []                        # host lists
-    masked = [i for i, t in enumerate(to_host(block)[0]) if t == rule.mask_id]   # on the host
+    host = to_host(block)[0] if host is None else host             # (the round loop's copy)
+    masked = [i for i, t in enumerate(host) if t == rule.mask_id]
     left = min(gamma, len(masked) + lookahead * B)
     while left > 0:
         if not masked:                                               # drafted whole: on, ahead
@@ -103,7 +104,7 @@ def propose_drafts(dsess, rule, draft_kw, lookahead, stops, cost=None, max_copie
     def drafts(front, room):
         ahead = min(lookahead, max(0, -(-room // B)))               # blocks of room left
         d = draft(dsess, front.block, front.pos, rule, **draft_kw, lookahead=ahead, stops=stops,
-                  cost=cost)
+                  cost=cost, host=front.host)
         d = capped(d, max_copies)
         return d.sized(cost) if cost else d
     return drafts

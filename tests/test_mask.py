@@ -233,11 +233,11 @@ def test_simsd_known_data_and_undrafted_slots_are_seen_by_every_section_token():
     assert section[5].tolist() == [True, True, False, False, False, True, True, True]
 
 
-def test_python_mask_py_draws_every_rule_as_its_dense_mask():
+def test_python_draw_masks_py_draws_every_rule_as_its_dense_mask():
     import subprocess
     import sys
-    from mask import draw, examples
-    run = subprocess.run([sys.executable, "mask.py"], cwd=ROOT_DIR, capture_output=True, text=True, timeout=900)
+    from draw_masks import draw, examples
+    run = subprocess.run([sys.executable, "draw_masks.py"], cwd=ROOT_DIR, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0 and run.stdout.count("\n\n") == len(examples())
     for title, mod, q_len, kv_len, q_labels, kv_groups in examples():
         assert title in run.stdout
@@ -249,11 +249,11 @@ def test_python_mask_py_draws_every_rule_as_its_dense_mask():
 def test_the_png_needs_matplotlib_and_a_writable_path(monkeypatch, tmp_path):
     import subprocess
     import sys
-    from mask import save_png
+    from draw_masks import save_png
     monkeypatch.setitem(sys.modules, "matplotlib", None)       # as if it were not installed
     with pytest.raises(ValueError, match=r"--png needs matplotlib \(pip install matplotlib\)"):
         save_png(tmp_path / "m.png")
-    run = subprocess.run([sys.executable, "mask.py", "--png", str(tmp_path / "no" / "m.png")], cwd=ROOT_DIR,
+    run = subprocess.run([sys.executable, "draw_masks.py", "--png", str(tmp_path / "no" / "m.png")], cwd=ROOT_DIR,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 1 and run.stderr.startswith("error: --png") and run.stderr.count("\n") == 1
     assert not (tmp_path / "no").exists()

@@ -105,3 +105,19 @@ def test_sampled_spiffy_syncs_once_a_walk_step(monkeypatch):
             stats = spiffy_generate(model, p, 24, rule, graph, eos_id=NO_EOS,
                                     generator=torch.Generator().manual_seed(0))[1]
         assert syncs.count == sum(k * n for k, n in stats["steps_per_forward"].items())
+
+
+def test_simsd_syncs_once_a_drafter_forward_and_once_a_walk(monkeypatch):
+    """SimSD with its drafter, greedy threshold rule: every sync goes through to_host (the
+    stats count them all), one a drafter forward (how many to draft, when to stop) and one a
+    target forward (the walk), but where a drafted block holds a stop id (read back when drafting
+    goes on into the next block). The round's own state comes from the round loop's host copy:
+    no sync for it."""
+    target, drafter = make_model(block_size=B), make_model(n_layer=1, block_size=B, seed=5)
+    rule = DecodeRule(MASK_ID, B, **RULES["threshold"])
+    for p in prompts():
+        with SyncCounter(monkeypatch) as syncs:
+            stats = speculate.simsd_generate(target, drafter, p, 24, rule, eos_id=NO_EOS)[1]
+        decoding = stats["nfe"] - int(len(p) >= B)
+        assert syncs.count == stats["syncs"]
+        assert decoding + stats["nfe_draft"] <= syncs.count <= decoding + 2 * stats["nfe_draft"]

@@ -285,9 +285,8 @@ class Session:
             x = x[:, T - keep:T]
             logits = self.model.head(x if rows is None else x[:, rows])
         else:
-            # fresh tensors, not views: torch.compile guards on a view's base too, and a base
-            # of another shape (a copy's positions, a pending block's cat) is another graph
-            tokens, pos = tokens.clone(), pos.clone()
+            if "trunk" in vars(self.model):   # compiled: not views (a view's base is guarded on:
+                tokens, pos = tokens.clone(), pos.clone()   # another shape, another graph)
             logits = self.model(tokens[None], pos, self.committed, mask, keep=keep, rows=rows)
         self.committed, self.pending = self.committed + n_commit, None
         self.queries_at = self.committed      # where the rows after the pending block were written

@@ -37,7 +37,7 @@ import torch
 from torch._dynamo.utils import counters
 from tqdm import tqdm
 
-import cli, costs, util
+import cli, costs, fast, util
 from calibrate import graphs_for
 from decode import STRATEGIES, generate
 from prepare import TASKS, calibration_prompts, extract_answer, load_tasks
@@ -91,10 +91,11 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     if base in ("sdar", "plain"):
         run = lambda ids, n: generate(target, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
     elif base in SIMSD:
-        run = lambda ids, n: simsd_generate(target, drafter, ids, n, rule, generator=seeded(), **simsd, **SIMSD[base])
+        run = lambda ids, n: simsd_generate(target, drafter, ids, n, rule, generator=seeded(), walk=fast.walk, **simsd, **SIMSD[base])
     else:
         graph = graphs(rule)
-        run = lambda ids, n: spiffy_generate(target, ids, n, rule, graph, draft_budget, generator=seeded(), **simsd)
+        run = lambda ids, n: spiffy_generate(target, ids, n, rule, graph, draft_budget, generator=seeded(), walk=fast.walk,
+                                             **simsd)
     blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, simsd.get("max_rows"))
     run.warm = dict(target=target, drafter=drafter, max_blocks=blocks)      # cli.warm_up's
     return run

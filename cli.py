@@ -16,7 +16,8 @@ from torch._dynamo.utils import counters
 import checkpoint
 import util
 import mask as masks
-from decode import EB_THRESHOLD, MAX_BUCKET, STRATEGIES, DecodeRule, Session
+import fast
+from decode import EB_THRESHOLD, STRATEGIES, DecodeRule, Session
 from speculate import (ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, GATE, LOOKAHEAD, LOOKUP_N, REFERENCES, VERIFIERS,
                        check_settings)
 from spiffy import DRAFT_BUDGET
@@ -32,6 +33,7 @@ MODEL_COMPILES = ("auto", "static", "dynamic")     # how one model is compiled (
 COMPILE_MODES = (*MODEL_COMPILES, "drafter")       # --compile: both models so, or the drafter alone
 DTYPES = ("float32", "bfloat16", "float16")
 GPU_ROWS = 256   # max_rows' default on a GPU
+MAX_BUCKET = 16  # static shapes: by default, queries of at most 16 blocks (at most fast.STATIC_ROWS rows)
 
 
 
@@ -123,17 +125,17 @@ def compile_models(target, drafter, how):
 
 
 def compile_model(model, how="auto"):
-    """--compile: "static" shapes (model.compile_decoding; CUDA graphs on CUDA), or one
-    "dynamic"-shape graph (model.compile_dynamic); "auto": static on CUDA, dynamic on
+    """--compile: "static" shapes (fast.compile_static; CUDA graphs on CUDA), or one
+    "dynamic"-shape graph (fast.compile_dynamic); "auto": static on CUDA, dynamic on
     the CPU (faster there: docs/results.md, "Compiled decoding")."""
     how = "auto" if how is True else how
     if how not in MODEL_COMPILES:
         raise ValueError(f"--compile {how!r}: choose from {', '.join(MODEL_COMPILES)}")
     cuda = model.embed.weight.is_cuda
     if how == "static" or (how == "auto" and cuda):
-        model.compile_decoding(**dict(mode="reduce-overhead") if cuda else {})
+        fast.compile_static(model, **dict(mode="reduce-overhead") if cuda else {})
     else:   # on a CPU, inductor's C++ wrapper: a compiled forward 5-12% faster (docs/results.md)
-        model.compile_dynamic(options=dict(cpp_wrapper=not cuda))
+        fast.compile_dynamic(model, options=dict(cpp_wrapper=not cuda))
 
 
 def compiled_copies(*models):
@@ -161,7 +163,7 @@ def warm_up(runs, prompts, max_new_tokens, block_size, target, drafter=None, max
             continue
         # scratch: SimSD's default copies (4 B drafts over 4 blocks), 3 blocks more, static padding
         model.setup_cache(len(ends[-1]) + max_new_tokens + (4 * block_size + 7 + MAX_BUCKET) * block_size)
-        if model.static_trunk is not None or "trunk" in model.__dict__:   # compiled
+        if fast.is_compiled(model):
             warm_buckets(model, block_size, blocks, kinds)
     for run in runs:
         for ids in [ends[0]] + [ends[-1]] * (len(ends) > 1):
@@ -173,18 +175,14 @@ def warm_up(runs, prompts, max_new_tokens, block_size, target, drafter=None, max
 
 @contextmanager
 def eager(*models):
-    """Inside the block, the models run eager: their compiled trunks (compile_decoding's,
-    compile_dynamic's) set aside."""
-    saved = [(m, m.__dict__.pop("trunk", None), m.static_trunk) for m in models if m is not None]
+    """Inside the block, the models run eager: what fast.compile_static or compile_dynamic
+    installed set aside."""
+    back = [fast.eager_again(m) for m in models if m is not None]
     try:
-        for m, _, _ in saved:
-            m.static_trunk = None
         yield
     finally:
-        for m, trunk, static in saved:
-            m.static_trunk = static
-            if trunk is not None:
-                m.trunk = trunk
+        for put_back in back:
+            put_back()
 
 
 def check_compiled(decode, *models):
@@ -207,7 +205,7 @@ def check_compiled(decode, *models):
 
 def verified_blocks(block_size, max_rows):
     """The most blocks of queries a verification forward carries: the pending block and its
-    copies (decode.MAX_BUCKET without a cap)."""
+    copies (MAX_BUCKET without a cap)."""
     return MAX_BUCKET if max_rows is None else min(MAX_BUCKET, 1 + max_rows // block_size)
 
 
@@ -224,7 +222,7 @@ def warm_buckets(model, B, max_blocks, kinds=("plain",)):
                    copies=lambda c, k: masks.block_copies(c, k, B),
                    ahead=lambda c, k: masks.block_copies(c, k, B, sees),
                    temporal=lambda c, k: masks.simsd_temporal(c, k, step, slot))
-    static = model.static_trunk is not None
+    static = "forward" in vars(model)
     sess, blocks = Session(model, B, (2 * MAX_BUCKET + 1) * B), [1 << i for i in range(MAX_BUCKET.bit_length())]
     for n, kind in [(n, "plain") for n in blocks if n < 2 * max_blocks] if static else [(3, k) for k in kinds]:
         tokens = torch.full((n * B,), mask_id, device=device)

@@ -9,8 +9,7 @@
 - `generate`: plain decoding, the reference the speculative decoders are tested against: a
   round is one forward and one step of the rule.
 - `to_host` / `to_device`: the only ways values cross between host and device while decoding:
-  one host sync per target forward in plain and threshold decoding, and in Spiffy with a
-  stateless rule (DecodeRule.stateless; tests/test_syncs.py counts them).
+  one host sync per target forward in plain decoding (tests/test_syncs.py counts them).
 """
 import math
 import time
@@ -18,7 +17,6 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 
 import mask as masks
 
@@ -166,12 +164,6 @@ class DecodeRule:
         tokens = (self.probs(logits) / noise).argmax(-1)
         return tokens, self.confidence(logits, tokens)
 
-    @property
-    def stateless(self):
-        """A step depends on nothing but the state and its logits: no random draw, and the same
-        quota at every step. Such a rule can step many states in one call (Spiffy's walk)."""
-        return self.temperature == 0 and self.strategy != "random" and len(set(self.quota)) == 1
-
     def __call__(self, logits, block, step, generator=None):
         """block: (..., B) with mask_id at unknown positions; logits: (..., B, V) for every
         position of it, or packed, (M, V) for its M masked positions only, in order (what the
@@ -226,7 +218,6 @@ def packed_index(states, mask_id):
     return ((states == mask_id).flatten().cumsum(0) - 1).clamp(min=0).view(states.shape)
 
 
-MAX_BUCKET = 16   # static shapes: queries padded to 1, 2, 4, 8 or 16 blocks (more: not padded)
 STRATEGIES = ("low_confidence_static", "low_confidence_dynamic", "random", "sequential",
               "entropy_bounded")
 
@@ -241,53 +232,29 @@ class Session:
     forward's own keys and values (commit's copy), with copy_commit."""
 
     def __init__(self, model, block_size, max_len, fuse_commit=True, copy_commit=False):
-        self.model, self.block_size, self.fuse_commit = model, block_size, fuse_commit
-        self.copy_commit, self.queries_at = copy_commit, 0
-        self.static = getattr(model, "static_trunk", None) is not None   # compile_decoding
-        self.max_len = max_len + self.static * (MAX_BUCKET // 2) * block_size     # + padding
-        model.setup_cache(self.max_len)
+        self.model, self.block_size, self.max_len = model, block_size, max_len
+        self.fuse_commit, self.copy_commit = fuse_commit, copy_commit
+        model.setup_cache(max_len)
         self.device = model.embed.weight.device
-        self.committed, self.pending, self.nfe = 0, None, 0
+        self.committed, self.queries_at, self.pending, self.nfe = 0, 0, None, 0
         self.rows = Counter()   # query rows a forward -> forwards (bench.py's modelled GPU cost)
 
-    def forward(self, tokens, pos, mask_for, keep, rows=None, eager=False):
+    def forward(self, tokens, pos, mask_for, keep, rows=None):
         """One forward of [pending ; tokens]. mask_for(prefix, n_commit) builds the mask_mod
         (prefix = committed rows, n_commit = rows of the pending block); -> (keep, V) logits,
-        or (M, V) for `rows` (M,) of the kept rows only (with a large vocabulary the head is
-        most of a small model's forward: a known position's logits are never read).
-        With static shapes (but `eager`: the prompt's prefill, once a prompt, of any length),
-        the queries are padded to a power of two of blocks, at most MAX_BUCKET (more is an
-        error: the proposers cap their copies, max_rows), and the row numbers travel as one
-        device tensor; the head runs eagerly on the rows asked for, so their number makes no
-        new graph."""
+        or (M, V) for `rows` (M,) of the kept rows only (a known position's logits are never
+        read, and with a large vocabulary the head is most of a small model's forward)."""
         n_commit = 0 if self.pending is None else len(self.pending)
         if n_commit:
             tokens = torch.cat([self.pending, tokens])
             pos = torch.cat([torch.arange(self.committed, self.committed + n_commit,
                                           device=self.device), pos])
-        T, B = len(tokens), self.block_size
+        T = len(tokens)
         if self.committed + T > self.max_len:
             raise RuntimeError(f"{T} query rows after {self.committed} overflow the KV cache")
-        # the masks' offsets as device tensors (a compiled kernel on a GPU cannot read CPU ones),
-        # each its own (views of one tensor would tie the compiled graphs' guards together)
-        start, n_commit_t, n_real = (to_device(x, self.device)
-                                     for x in (self.committed, n_commit, T))
-        mask = mask_for(start, n_commit_t)
-        static = self.static and not eager
-        if static and T > MAX_BUCKET * B:
-            raise RuntimeError(f"{T} query rows: more than the largest compiled bucket "
-                               f"({MAX_BUCKET * B}); cap the rows a forward (max_rows)")
-        if static:
-            pad = (B << (-(-T // B) - 1).bit_length()) - T
-            x = self.model.static_trunk(self.model, F.pad(tokens, (0, pad))[None],
-                                        F.pad(pos, (0, pad)), start,
-                                        masks.padded(mask, start, n_real, T + pad))
-            x = x[:, T - keep:T]
-            logits = self.model.head(x if rows is None else x[:, rows])
-        else:
-            if "trunk" in vars(self.model):   # compiled: not views (a view's base is guarded on:
-                tokens, pos = tokens.clone(), pos.clone()   # another shape, another graph)
-            logits = self.model(tokens[None], pos, self.committed, mask, keep=keep, rows=rows)
+        # the mask's offsets as device tensors (a compiled kernel on a GPU cannot read CPU ones)
+        mask = mask_for(*(to_device(x, self.device) for x in (self.committed, n_commit)))
+        logits = self.model(tokens[None], pos, self.committed, mask, keep=keep, rows=rows)
         self.committed, self.pending = self.committed + n_commit, None
         self.queries_at = self.committed      # where the rows after the pending block were written
         self.nfe += 1
@@ -297,7 +264,7 @@ class Session:
     def prefill(self, ids):
         if len(ids):
             self.pending = ids
-            self.flush(eager=True)
+            self.flush()
 
     def commit(self, block, copy=None):
         """The finished `block` joins the cache. copy: where the last forward held it complete,
@@ -320,9 +287,9 @@ class Session:
         if not self.fuse_commit:
             self.flush()
 
-    def flush(self, eager=False):  # a forward with nothing but the pending rows: SDAR's commit
+    def flush(self):   # a forward with nothing but the pending rows: SDAR's commit
         self.forward(self.pending[:0], self.pending[:0], lambda c, n: masks.block_causal(
-            self.block_size, c), keep=0, eager=eager)
+            self.block_size, c), keep=0)
 
 
 def copies_cap(max_rows, block_size):

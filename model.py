@@ -205,7 +205,6 @@ class Transformer(nn.Module):
         if c.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.attn_impl = None  # "flex" or "sdpa"; None: flex compiled on CUDA, else SDPA (faster)
-        self.static_trunk = None  # compile_decoding: the trunk compiled for static shapes
         self.kv = None  # setup_cache: every layer's keys and values, one tensor
         self.apply(self._init_weights)
 
@@ -246,7 +245,7 @@ class Transformer(nn.Module):
 
     def trunk(self, idx, pos, start, mask):
         """Embedding, layers and final norm -> (b, T, n_embd). With `start` a device tensor the
-        shapes are static (keys: the whole cache), as compile_decoding needs."""
+        shapes are static (keys: the whole cache), as fast.compile_static needs."""
         T = idx.shape[1]
         if callable(mask) and not isinstance(mask, BlockMask):
             flex = self.attn_impl == "flex" or (self.attn_impl is None and idx.is_cuda
@@ -264,35 +263,5 @@ class Transformer(nn.Module):
         return self.norm(x)
 
     def head(self, x):
-        """Logits (fp32). On a CPU with 4-15 rows and a large vocabulary, as (W @ x^T)^T: the
-        same product, but MKL's x @ W^T is slow there (at 151,936 x 256, 10 rows take twice as
-        long as 16; at 2,048 x 256 the plain form is the faster; docs/results.md)."""
-        w, rows = self.lm_head.weight, x.shape[:-1].numel()
-        if x.is_cuda or len(w) < 65536 or not 4 <= rows < 16:   # (rows last: no guard on it)
-            return F.linear(x, w).float()
-        return (w @ x.reshape(rows, -1).T).T.contiguous().view(*x.shape[:-1], -1).float()
-
-    def compile_decoding(self, **options):
-        """Compile the decode forwards with static shapes: decode.Session pads the queries to
-        a few bucket lengths and passes the cache row as a device tensor, and attention spans
-        the whole cache, so each bucket compiles once; with mode="reduce-overhead" on CUDA
-        each is replayed as a CUDA graph. The mask (a BlockMask on CUDA) is built inside."""
-        # unbound (called with the model), so that a deep copy runs its own weights and cache
-        self.static_trunk = many_graphs(torch.compile(type(self).trunk, dynamic=False, **options))
-
-    def compile_dynamic(self, **options):
-        """Compile the trunk once for dynamic shapes (the CPU's --compile): a graph per mask
-        kind (block-causal, copies, temporal) and model, not per length. The head runs eager,
-        as with static shapes: the rows it is asked for never reach a graph."""
-        self.trunk = many_graphs(torch.compile(self.trunk, dynamic=True, **options))
-
-
-def many_graphs(compiled, n=64):
-    """Dynamo keeps at most 8 graphs per function, counted per code object: the target and the
-    drafter share Transformer.forward, and each mask kind is a graph of its own, so a SimSD
-    run needs more; past the limit dynamo runs the function EAGER from then on and says so only
-    in its log. This raises the limit to n only while `compiled` runs (when dynamo compiles
-    it): nothing changes process-wide."""
-    cfg = torch._dynamo.config
-    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    return cfg.patch(**{name: max(getattr(cfg, name), n)})(compiled)
+        """Logits, in fp32."""
+        return F.linear(x, self.lm_head.weight).float()

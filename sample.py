@@ -21,7 +21,7 @@ from functools import partial
 
 import torch
 
-import cli, costs, util
+import cli, costs, fast, util
 from decode import check_prompt, generate
 from speculate import simsd_generate
 from spiffy import graph_path, load_graph, spiffy_generate
@@ -59,11 +59,11 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     elif spec == "simsd":
         drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype)
         run = partial(simsd_generate, model, drf, rule=rule, cost=cost, reference=reference or "drafter",
-                      max_rows=rows)
+                      max_rows=rows, walk=fast.walk)
     else:
         g = load_graph(graph or graph_path(target, rule), rule)
         run = lambda ids, n, rule=rule, **kw: spiffy_generate(model, ids, n, rule, graph=g, cost=cost,
-                                                              max_rows=rows, **kw)
+                                                              max_rows=rows, walk=fast.walk, **kw)
     cli.compile_models(model, drf, compile)
     plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
     return model, tok, rule, run, None if plain else cost_note, dict(

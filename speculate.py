@@ -17,8 +17,7 @@ docs/design.md, section 3 (after the SimSD paper). The drafter is a proposer for
           when the walk passed through a state holding it.
 The paper's own verifier (the temporal mask) and acceptance rules (paper, gated), which are not
 lossless, are simsd_paper.py; simsd_generate runs either. Host syncs: the drafter reads its
-confidences back each forward (how many to draft, when to stop); the walk once a round with a
-stateless rule, once a step with a sampled one (verify.walk).
+confidences back each forward; the walk once a step (fast.walk: once a round, greedy).
 
     python sample.py --spec simsd                  # on the embedded models
 """
@@ -35,7 +34,7 @@ from decode import (SYNCS, DecodeRule, Session, check_prompt, copies_cap, packed
 from drafts import (LOOKUP_N, REFERENCES, Draft, lookup_draft, point, trajectory, weighed,
                     worth_verifying)
 from simsd_paper import GATE, accept_gated, accept_paper, copies_round, draw, temporal_round
-from verify import lossless_round, no_extra
+from verify import lossless_round, no_extra, walk
 
 VERIFIERS, ACCEPTS = ("temporal", "copies"), ("paper", "gated", "lossless")
 DRAFT_THRESHOLD, DRAFT_STOP = 0.5, 0.3   # measured on the embedded pair (docs/results.md)
@@ -195,7 +194,7 @@ def check_reference(reference, drafter, config):
 
 
 def simsd_round(tsess, drafts, rule, verifier, acceptance, gate, rope_copy, order, generator,
-                extra=no_extra):
+                extra=no_extra, walk=walk):
     """SimSD's round for the loop, by verifier and acceptance rule, on the proposer `drafts`
     ((front, room) -> Draft); extra: the walk's (the hint the next round's drafts read).
     -> round_(front, room) -> (decode.Advance, drafts accepted, why the round ended; None on
@@ -206,7 +205,7 @@ def simsd_round(tsess, drafts, rule, verifier, acceptance, gate, rope_copy, orde
         rules = dict(paper=accept_paper, gated=partial(accept_gated, gate=gate))
         return copies_round(tsess, drafts, rule, rules[acceptance], generator)
     walked = lossless_round(tsess, rule, lambda front, room: drafts(front, room).guesses(
-        front.block, front.n_masked), generator, extra)
+        front.block, front.n_masked), generator, extra, walk)
 
     def round_(front, room):         # draft, verify as block copies, walk the target's own rule
         adv, g, w = walked(front, room)
@@ -222,7 +221,7 @@ def simsd_round(tsess, drafts, rule, verifier, acceptance, gate, rope_copy, orde
 def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifier="copies",
                    acceptance="lossless", gamma=None, gate=GATE, draft_threshold=DRAFT_THRESHOLD,
                    draft_stop=DRAFT_STOP, rope_copy=True, order="tau", fuse_commit=True,
-                   eos_id=None, generator=None, on_block=None, lookahead=None, cost=None,
+                   eos_id=None, generator=None, on_block=None, lookahead=None, cost=None, walk=walk,
                    copy_commit=True, reference="drafter", lookup_n=LOOKUP_N, max_rows=None):
     """SimSD decoding. target, drafter: Transformers sharing a tokenizer (batch 1); drafter None
     with a drafter-free `reference` (drafts.py: trajectory, lookup up to lookup_n-grams). rule:
@@ -232,7 +231,7 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     (copies; default LOOKAHEAD). cost: a cost model (costs.py) sizing the drafts (None: all
     verified). copy_commit: decode.Session.commit. rope_copy, order: the paper's ablations.
     max_rows: the most query rows of a verification's copies (None: no cap; a GPU's: cli.py).
-    generator: the target's stream (lossless: plain's tokens). -> (new ids, stats)."""
+    walk: verify's or fast's. generator: the target's stream. -> (new ids, stats)."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     check_settings(verifier, acceptance, gamma, gate, draft_threshold, draft_stop, rope_copy, order,
@@ -259,7 +258,7 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
                                    c.vocab_size, temporal, max_copies)
         extra = extra if reference == "lookup" and temporal else ranked(rule)
     round_ = tallied(simsd_round(sessions[0], drafts, rule, verifier, acceptance, gate, rope_copy,
-                                 order, generator, extra), hist, ends)
+                                 order, generator, extra, walk), hist, ends)
     context = prompt_list(prompt) if reference == "lookup" else None
     out, stop = round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block, context)
     seconds, rounds, (tsess, *dsess) = time.perf_counter() - t0, sum(hist.values()), sessions

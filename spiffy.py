@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from decode import (SYNCS, DecodeRule, Session, check_prompt, copies_cap, packed_index, round_loop,
                     stop_ids, to_device, to_host)
-from verify import Guesses, lossless_round, no_extra, propose_nothing
+from verify import Guesses, lossless_round, no_extra, propose_nothing, walk
 
 DRAFT_BUDGET = 8   # D*: the most draft-graph nodes verified a forward
 
@@ -202,13 +202,14 @@ def draft_copies(ranked, state, block, graph, budget, rule, cross, stops, cost=N
 @torch.no_grad()
 def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
                     draft_budget=DRAFT_BUDGET, fuse_commit=True, eos_id=None, generator=None,
-                    on_block=None, cost=None, copy_commit=True, max_rows=None):
+                    on_block=None, cost=None, copy_commit=True, max_rows=None, walk=walk):
     """Spiffy decoding; decode.generate's arguments and output, plus graph: a calibrated graph
     (load_graph; None: plain decoding); draft_budget: D*, the most copies a forward verifies
     besides the open block's own state; cost: a cost model (costs.py) the copies are sized by,
     None: up to D* (draft_copies). A finishing draft brings the next block's first state
     (blocks_ahead); copy_commit: see decode.Session.commit. max_rows: the most query rows of a
-    verification's copies (None: no cap; decode.copies_cap): D* shrinks to fit."""
+    verification's copies (None: no cap; decode.copies_cap): D* shrinks to fit. walk:
+    verify.walk, or fast.walk (the same tokens, fewer host syncs)."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     if draft_budget < 1:
@@ -228,8 +229,8 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
         return draft_copies(front.hint, front.host, front.block, graph, draft_budget, rule,
                             room > 0, stops, cost)
 
-    walked = lossless_round(sess, rule, propose, generator,
-                            (lambda lg, cp, st: ranks(lg, st, rule, k, cp)) if graph else no_extra)
+    extra = (lambda lg, cp, st: ranks(lg, st, rule, k, cp)) if graph else no_extra
+    walked = lossless_round(sess, rule, propose, generator, extra, walk)
 
     def tally(front, room):
         adv, g, w = walked(front, room)

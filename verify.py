@@ -90,30 +90,6 @@ def no_extra(logits, copies, states):
     return ()
 
 
-def walk(logits, g, step, rule, generator=None, extra=no_extra):
-    """Plain decoding through the verified copies of g, from copies[0] at the rule's step index
-    `step`: a new state with a mask left goes on from the copy of the same block in that
-    state, a complete one from the next block's first copy after it (step index back at 0).
-    extra(packed logits of (m, B) copies, the (m, B) states they step to) -> tensors of m rows,
-    brought to the host with the walk (Walk.hint: the last state's rows). Two ways to the same
-    result (tests/test_walk.py): walk_stepwise, plain decoding's own loop, a host sync a step,
-    for any rule; and for a stateless rule (DecodeRule.stateless) walk_batched, which steps
-    every copy at once: ONE host sync."""
-    if len(g.counts) == 1:
-        return walk_one(logits, g, step, rule, generator, extra)
-    if rule.stateless:
-        return walk_batched(logits, g, step, rule, extra)
-    return walk_stepwise(logits, g, step, rule, generator, extra)
-
-
-def walk_one(logits, g, step, rule, generator=None, extra=no_extra):
-    """The walk when nothing was guessed (g holds the open block alone): plain decoding's one
-    step, and extra's rows, in one host sync."""
-    new = rule(logits, g.copies[0], step, generator)
-    host, *hint = to_host(new, *extra(logits, g.copies, new[None]))
-    return Walk([(logits, new)], host, [h[0] for h in hint], [], [None], [])
-
-
 def successors(g):
     """Which copies the walk may go on to, as device tensors: (n,) the block each copy is a state
     of (its parent), and (n,) whether it has a mask left or a next block to go on to; and on the
@@ -129,9 +105,13 @@ def successors(g):
     return block_of, open_.bool(), first
 
 
-def walk_stepwise(logits, g, step, rule, generator=None, extra=no_extra):
-    """The walk as plain decoding takes it, one step at a time (the reference, for any rule: the
-    random draws come in plain decoding's order). A host sync a step."""
+def walk(logits, g, step, rule, generator=None, extra=no_extra):
+    """Plain decoding through the verified copies of g, from copies[0] at the rule's step index
+    `step`: a new state with a mask left goes on from the copy of the same block in that
+    state, a complete one from the next block's first copy after it (step index back at 0).
+    The random draws come in plain decoding's order. extra(packed logits of (m, B) copies, the
+    (m, B) states they step to) -> tensors of m rows, brought to the host with the walk
+    (Walk.hint: the last state's rows). A host sync a step (fast.walk: one a round)."""
     each, copies = logits.split(g.counts), g.copies
     block_of, open_, first = successors(g)
     path, crossed, visited, i = [], [], [], 0
@@ -151,34 +131,10 @@ def walk_stepwise(logits, g, step, rule, generator=None, extra=no_extra):
             i, step = first[j], 0
 
 
-def walk_batched(logits, g, step, rule, extra=no_extra):
-    """walk_stepwise's result for a stateless rule, with ONE host sync. Such a step depends on
-    its state and logits only (no draw, the same quota at every step index), so the rule steps
-    EVERY copy in one batched call, whether the walk reaches it or not; which copy each new
-    state is, is found on the device too, and only the chain is followed on the host."""
-    each, copies = logits.split(g.counts), g.copies
-    block_of, open_, first = successors(g)
-    new = rule(logits, copies, step)                                        # (n, B): each stepped
-    hit = same_state(copies[None], new[:, None]) & (block_of[None] == block_of[:, None]) & open_
-    more = extra(logits, copies, new)
-    nxt, new_h, all_copies, *hint = to_host(first_true(hit), new, copies, *more)
-    path, crossed, visited = [0], [], []    # copy i's next state is copy nxt[i], if any
-    while nxt[path[-1]] < len(copies):
-        j = nxt[path[-1]]
-        visited.append(j)
-        if not g.counts[j]:
-            crossed.append((len(path), j))
-            j = first[j]
-        path.append(j)
-    last = path[-1]
-    return Walk([(each[i], new[i]) for i in path], new_h[last], [h[last] for h in hint], crossed,
-                all_copies, visited)
-
-
-def lossless_round(sess, rule, propose, generator=None, extra=no_extra):
+def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=walk):
     """A round of the lossless decoders (decode.round_loop's round_): propose(front, room) ->
-    Guesses; ONE forward of sess verifies them; the target's own rule walks through them.
-    -> (decode.Advance, the guesses, the walk)."""
+    Guesses; ONE forward of sess verifies them; the target's own rule walks through them
+    (`walk`: this module's, or fast.walk). -> (decode.Advance, the guesses, the walk)."""
     def round_(front, room):
         g = propose(front, room)
         w = walk(verify_copies(sess, g, front.pos), g, front.step, rule, generator, extra)

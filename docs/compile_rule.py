@@ -16,7 +16,7 @@ import bench  # noqa: E402
 import cli  # noqa: E402
 import costs  # noqa: E402
 from decode import DecodeRule  # noqa: E402
-from model import many_graphs  # noqa: E402
+from fast import many_graphs  # noqa: E402
 from prepare import load_tasks  # noqa: E402
 
 torch.set_num_threads(2)

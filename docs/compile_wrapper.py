@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
+import fast  # noqa: E402
 import mask as masks  # noqa: E402
 from decode import Session  # noqa: E402
 
@@ -38,8 +39,8 @@ def forward(s, T, read):
 with torch.no_grad():
     for name, m in (("target", target), ("drafter", drafter)):
         python, cpp = copy.deepcopy(m), copy.deepcopy(m)
-        python.compile_dynamic()
-        cpp.compile_dynamic(options=dict(cpp_wrapper=True))
+        fast.compile_dynamic(python)
+        fast.compile_dynamic(cpp, options=dict(cpp_wrapper=True))
         for c in (python, cpp):                       # warm-up: every shape below compiled
             for cached in (100, 120):
                 for T in (4, 8):

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "tests")]
+import fast  # noqa: E402
 import mask as masks  # noqa: E402
 from conftest import make_model  # noqa: E402
 from decode import DecodeRule, Session, generate  # noqa: E402
@@ -41,7 +42,7 @@ def forwards(model, n):
 def compiled(how, impl="flex"):
     model = make_model(block_size=B).cuda()
     model.attn_impl = impl
-    model.compile_dynamic() if how == "dynamic" else model.compile_decoding(mode="reduce-overhead")
+    fast.compile_dynamic(model) if how == "dynamic" else fast.compile_static(model, mode="reduce-overhead")
     return model
 
 

@@ -1,7 +1,7 @@
 """RMSNorm as one op with its weight and RoPE in rotate-half form against their previous forms
 (docs/results.md, "States inside a drafter step"): the same logits to the bit on the embedded
 pair, and a decode forward's time (4 query rows after 64 cached; old and new taken in turns,
-the mean of 100 forwards a turn, 15 turns), eager and on a compiled copy (model.compile_dynamic:
+the mean of 100 forwards a turn, 15 turns), eager and on a compiled copy (fast.compile_dynamic:
 the compiler fuses these ops itself, so there the two forms should cost about the same).
 
     python docs/forward_ops.py
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
+import fast  # noqa: E402
 import mask as masks  # noqa: E402
 import model  # noqa: E402
 from decode import Session  # noqa: E402
@@ -57,7 +58,7 @@ with torch.no_grad():
                 mc = copy.deepcopy(m)
                 if compiled:
                     torch._dynamo.reset()
-                    mc.compile_dynamic()
+                    fast.compile_dynamic(mc)
                 sess = Session(mc, 4, 512)
                 sess.prefill(torch.zeros(64, dtype=torch.long))
                 block, pos, rows = torch.full((4,), m.config.mask_token_id), torch.arange(64, 68), torch.arange(4)

@@ -13,6 +13,7 @@ import torch
 import bench
 import checkpoint
 import cli
+import fast
 import objective
 import sample
 import sol
@@ -142,7 +143,7 @@ def test_bench_compile_both_runs_every_method_eager_and_compiled_in_one_run(monk
     threshold compiled and with its own method eager, measured in the same run, a block size at
     a time (B = 32's rows grow the caches past what B = 4's were compiled for: its warm-up
     builds those graphs, after B = 4's timed passes)."""
-    monkeypatch.setattr(bench.cli, "compile_model", lambda m, how: m.compile_dynamic(backend="eager"))
+    monkeypatch.setattr(bench.cli, "compile_model", lambda m, how: fast.compile_dynamic(m, backend="eager"))
     status = bench.main(**bench.parse_args(["--prompts", "2", "--max-new-tokens", "8", "--methods",
                                             "threshold,simsd,spiffy", "--compile", "both",
                                             "--block-size", "4,32"]))
@@ -168,7 +169,7 @@ def test_compile_drafter_compiles_the_drafter_alone(monkeypatch, capsys):
 
     def compile_model(m, how):
         calls.append((m.config.n_layer, how))
-        m.compile_dynamic(backend="eager")
+        fast.compile_dynamic(m, backend="eager")
     monkeypatch.setattr(sample.cli, "compile_model", compile_model)
     out, _ = sample.main(spec="simsd", max_new_tokens=16, compile="drafter")
     eager, _ = sample.main(spec="simsd", max_new_tokens=16)
@@ -180,7 +181,7 @@ def test_bench_compile_drafter_adds_a_row_with_the_drafter_compiled(monkeypatch,
     """--compile drafter: each drafted method twice, its drafter eager and compiled (dynamo's
     eager backend here), both compared with threshold (the target is eager in both), the
     second with the first, in the same run; methods without a drafter once."""
-    monkeypatch.setattr(bench.cli, "compile_model", lambda m, how: m.compile_dynamic(backend="eager"))
+    monkeypatch.setattr(bench.cli, "compile_model", lambda m, how: fast.compile_dynamic(m, backend="eager"))
     status = bench.main(**bench.parse_args(["--prompts", "2", "--max-new-tokens", "8", "--methods",
                                             "threshold,simsd", "--compile", "drafter"]))
     rec = last_json(capsys.readouterr().out)

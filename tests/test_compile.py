@@ -3,7 +3,7 @@ graphs already compiled (the KV cache is allocated once and reused, masks captur
 for plain, threshold, SimSD and Spiffy decoding, with eager's tokens. The "eager" backend
 keeps the test fast; it runs dynamo's capture and guards, which is where recompiles come from.
 
-Static shapes (model.compile_decoding, for CUDA graphs): queries padded to 1, 2, 4, 8 or 16
+Static shapes (fast.compile_static, for CUDA graphs): queries padded to 1, 2, 4, 8 or 16
 blocks, keys over the whole cache, so a model compiles at most one graph per bucket, whatever
 its mask kinds (mask.padded), and the tokens are eager's (the padding is masked exactly).
 
@@ -18,6 +18,7 @@ from torch._dynamo.utils import counters
 
 from cli import RecompileLimitHits
 from conftest import make_model
+import fast
 from decode import DecodeRule, generate
 from model import PRESETS
 from speculate import simsd_generate
@@ -54,7 +55,7 @@ def test_compiled_decoding_does_not_recompile_after_warm_up(method, static):
     counters.clear()
     ct, cd = copy.deepcopy(target), copy.deepcopy(drafter)
     for m in ct, cd:
-        m.compile_decoding(backend="eager") if static else m.compile_dynamic(backend="eager")
+        fast.compile_static(m, backend="eager") if static else fast.compile_dynamic(m, backend="eager")
     hits = RecompileLimitHits()          # past dynamo's limit a "compiled" run is eager
     compiled = [run(ct, cd, prompt(n)) for n in lengths[:2]]        # warm-up
     graphs = counters["stats"]["unique_graphs"]
@@ -91,7 +92,7 @@ def test_dynamic_compiling_keeps_every_graph_of_a_bench_run(compile_):
     target, drafter = make_model(n_layer=2, seed=0), make_model(n_layer=1, seed=5)
     torch._dynamo.reset()
     for m in target, drafter:
-        m.compile_dynamic(backend="eager") if compile_ == "compile_dynamic" else m.compile(dynamic=True, backend="eager")
+        fast.compile_dynamic(m, backend="eager") if compile_ == "compile_dynamic" else m.compile(dynamic=True, backend="eager")
     hits = RecompileLimitHits()
     for b in (4, 8, 32):
         rule = DecodeRule(MASK_ID, b, strategy="low_confidence_dynamic", threshold=0.6)

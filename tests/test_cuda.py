@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import make_model
+import fast
 from decode import DecodeRule, generate
 from model import PRESETS
 from speculate import simsd_generate
@@ -57,13 +58,13 @@ def test_compiled_decoding_on_cuda_equals_eager():
     model = make_model(block_size=B).cuda()
     rule = DecodeRule(MASK_ID, B)
     eager = [generate(model, p, 24, rule, eos_id=-1)[0] for p in prompts()]
-    model.compile_dynamic()
+    fast.compile_dynamic(model)
     assert [generate(model, p, 24, rule, eos_id=-1)[0] for p in prompts()] == eager
 
 
 @pytest.mark.parametrize("method", ["plain", "spiffy"])
 def test_static_compiled_decoding_with_cuda_graphs_equals_eager(method):
-    """compile_decoding(mode="reduce-overhead"): padded buckets replayed as CUDA graphs."""
+    """compile_static(mode="reduce-overhead"): padded buckets replayed as CUDA graphs."""
     model = make_model(block_size=B).cuda()
     rule = DecodeRule(MASK_ID, B)
     graph = calibrate(model, prompts()[:2], rule, 16, budget=8) if method == "spiffy" else None
@@ -73,7 +74,7 @@ def test_static_compiled_decoding_with_cuda_graphs_equals_eager(method):
             return spiffy_generate(model, p, 24, rule, graph, eos_id=-1)[0]
         return generate(model, p, 24, rule, eos_id=-1)[0]
     eager = [run(p) for p in prompts()]
-    model.compile_decoding(mode="reduce-overhead")
+    fast.compile_static(model, mode="reduce-overhead")
     assert [run(p) for p in prompts()] == eager
 
 

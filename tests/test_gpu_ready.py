@@ -21,7 +21,9 @@ import cli
 import decode
 import mask as masks
 from conftest import ROOT, make_model
-from decode import MAX_BUCKET, DecodeRule, Session, generate
+import fast
+from cli import MAX_BUCKET
+from decode import DecodeRule, Session, generate
 from model import PRESETS, ModelConfig, Transformer, flex_kernel_options
 from speculate import simsd_generate
 from spiffy import calibrate, spiffy_generate
@@ -49,8 +51,8 @@ class MixedDevices(TorchDispatchMode):
 def meta_model(static):
     with torch.device("meta"):
         model = Transformer(ModelConfig(**PRESETS["tiny"])).eval()
-    if static:     # the static path, uncompiled: the same code compile_decoding compiles
-        model.static_trunk = Transformer.trunk
+    if static:     # the static path, uncompiled: the same code compile_static compiles
+        fast.static_shapes(model, Transformer.trunk)
     return model
 
 
@@ -125,13 +127,13 @@ def prompt(n):
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
-def test_capped_rows_keep_the_tokens_and_fit_the_largest_bucket(static):
+def test_capped_rows_keep_the_tokens_and_fit_the_largest_bucket(static, monkeypatch):
     """max_rows caps a verification's copies (a GPU's default: cli.max_rows); the output stays
     plain decoding's, every forward fits, and fewer rows are verified."""
     target, drafter = make_model(block_size=B), make_model(n_layer=1, block_size=B, seed=5)
     if static:
         for m in target, drafter:
-            m.static_trunk = Transformer.trunk
+            fast.static_shapes(m, Transformer.trunk)
     rule = DecodeRule(MASK_ID, B, strategy="low_confidence_dynamic", threshold=0.6)
     graph = calibrate(target, [prompt(5), prompt(11)], rule, 16, budget=8)
     for n in (3, 9):
@@ -142,6 +144,7 @@ def test_capped_rows_keep_the_tokens_and_fit_the_largest_bucket(static):
             out, st = spiffy_generate(target, prompt(n), 24, rule, graph, eos_id=-1, max_rows=rows)
             assert out == plain and max(st["rows"]) <= rows + B
     if static:   # uncapped, a verification outgrows the largest bucket: an error, never eager
+        monkeypatch.setattr(fast, "STATIC_ROWS", MAX_BUCKET * B)
         with pytest.raises(RuntimeError, match="largest compiled bucket"):
             simsd_generate(target, drafter, prompt(9), 24, rule, eos_id=-1)
     else:
@@ -171,7 +174,7 @@ def test_no_graph_is_compiled_after_the_warm_up(block_size):
     torch._dynamo.reset()
     counters.clear()
     for m in target, drafter:
-        m.compile_dynamic(backend="eager")
+        fast.compile_dynamic(m, backend="eager")
     n = block_size + 4
     runs = [lambda ids, k: generate(target, ids, k, rule, eos_id=-1),
             lambda ids, k: simsd_generate(target, drafter, ids, k, rule, eos_id=-1),

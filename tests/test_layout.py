@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULES = {p.stem: p for p in ROOT.glob("*.py")}
 BUDGETS = {"sample.py": 160, "bench.py": 370, "model.py": 350, "train.py": 350, "speculate.py": 300, "drafts.py": 300,
            "spiffy.py": 300, "verify.py": 300, "simsd_paper.py": 300}
-DECODERS = ("decode", "verify", "speculate", "drafts", "simsd_paper", "spiffy")   # lines <= 100 characters
+DECODERS = ("decode", "verify", "speculate", "drafts", "simsd_paper", "spiffy", "fast")   # lines <= 100 characters
 
 
 def imports(path, top_level_only=True):

@@ -1,5 +1,5 @@
 """Host syncs: one per target forward in plain, threshold and Spiffy decoding (Spiffy with a
-stateless rule, DecodeRule.stateless; a sampled walk syncs once a step). A sync makes the host wait for the GPU's queue to
+stateless rule, fast.stateless; a sampled walk syncs once a step). A sync makes the host wait for the GPU's queue to
 drain; the decoders make theirs through decode.to_host, and none anywhere else.
 
 On the CPU nothing waits, so the test counts what would sync on a GPU: a tensor read as a
@@ -14,6 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import decode
+import fast
 import simsd_paper
 import speculate
 import spiffy
@@ -28,7 +29,7 @@ MASK_ID, B, NO_EOS = PRESETS["tiny"]["mask_token_id"], 8, -1
 SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.equal.default,
             aten.is_nonzero.default}
 # the decoding modules; those that call to_host import it by name, and each such name is patched
-DECODERS = [m for m in (decode, verify, speculate, simsd_paper, spiffy) if hasattr(m, "to_host")]
+DECODERS = [m for m in (decode, fast, verify, speculate, simsd_paper, spiffy) if hasattr(m, "to_host")]
 assert {decode, verify, simsd_paper} <= set(DECODERS)
 RULES = {"static": dict(strategy="low_confidence_static"),
          "threshold": dict(strategy="low_confidence_dynamic", threshold=0.6)}
@@ -77,7 +78,8 @@ def prompts():
 @pytest.mark.parametrize("rule_name", list(RULES))
 @pytest.mark.parametrize("method", ["plain", "spiffy"])
 def test_one_host_sync_per_decoding_forward(method, rule_name, monkeypatch):
-    """Every forward but the prompt's prefill decodes, and each makes exactly one sync."""
+    """Every forward but the prompt's prefill decodes, and each makes exactly one sync (Spiffy
+    with fast.walk; verify.walk syncs once a step)."""
     model = make_model(block_size=B)
     rule = DecodeRule(MASK_ID, B, **RULES[rule_name])
     graph = calibrate(model, prompts(), rule, 16, budget=8) if method == "spiffy" else None
@@ -87,7 +89,7 @@ def test_one_host_sync_per_decoding_forward(method, rule_name, monkeypatch):
             if method == "plain":
                 _, stats = generate(model, p, 24, rule, eos_id=NO_EOS)
             else:
-                _, stats = spiffy_generate(model, p, 24, rule, graph, eos_id=NO_EOS)
+                _, stats = spiffy_generate(model, p, 24, rule, graph, eos_id=NO_EOS, walk=fast.walk)
         prefill = int(len(p) >= B)
         assert syncs.count == stats["nfe"] - prefill
         walked = max(walked, *stats.get("steps_per_forward", [1]))
@@ -102,7 +104,7 @@ def test_sampled_spiffy_syncs_once_a_walk_step(monkeypatch):
     graph = calibrate(model, prompts(), rule, 16, budget=8)
     for p in prompts():
         with SyncCounter(monkeypatch) as syncs:
-            stats = spiffy_generate(model, p, 24, rule, graph, eos_id=NO_EOS,
+            stats = spiffy_generate(model, p, 24, rule, graph, eos_id=NO_EOS, walk=fast.walk,
                                     generator=torch.Generator().manual_seed(0))[1]
         assert syncs.count == sum(k * n for k, n in stats["steps_per_forward"].items())
 
@@ -117,7 +119,8 @@ def test_simsd_syncs_once_a_drafter_forward_and_once_a_walk(monkeypatch):
     rule = DecodeRule(MASK_ID, B, **RULES["threshold"])
     for p in prompts():
         with SyncCounter(monkeypatch) as syncs:
-            stats = speculate.simsd_generate(target, drafter, p, 24, rule, eos_id=NO_EOS)[1]
+            stats = speculate.simsd_generate(target, drafter, p, 24, rule, eos_id=NO_EOS,
+                                             walk=fast.walk)[1]
         decoding = stats["nfe"] - int(len(p) >= B)
         assert syncs.count == stats["syncs"]
         assert decoding + stats["nfe_draft"] <= syncs.count <= decoding + 2 * stats["nfe_draft"]

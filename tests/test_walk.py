@@ -1,12 +1,12 @@
 """Tests for verify.walk's two algorithms on random verified copies, CPU:
 
-- walk_stepwise, plain decoding's loop (any rule), against a reference written here the
+- verify.walk, plain decoding's loop (any rule), against a reference written here the
   obvious way (a dict from each verified state to its logits): the same path, the same random
   draws (greedy and seeded sampling);
-- walk_batched, the fast path for a stateless rule (every copy stepped in one call), against
-  walk_stepwise: the same path, logits and host results, with Spiffy's ranks as `extra`;
+- fast.walk, the fast path for a stateless rule (every copy stepped in one call), against
+  verify.walk: the same path, logits and host results, with Spiffy's ranks as `extra`;
 - walk dispatches to the one that applies;
-- host syncs (tests/test_syncs.py's counter): walk_batched makes ONE, walk_stepwise one a step.
+- host syncs (tests/test_syncs.py's counter): fast.walk makes ONE, verify.walk one a step.
 
 A random round: copies[0] a block with random known positions; a chain of states that the
 rule itself reaches (each copy stepped on its own random logits, with the random stream the
@@ -21,6 +21,7 @@ import random
 import pytest
 import torch
 
+import fast
 import verify
 from decode import DecodeRule
 from model import PRESETS
@@ -124,7 +125,7 @@ def test_the_stepwise_walk_is_plain_decoding_through_the_verified_states(rule_kw
         logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
         ref_gen, gen = seeded(seed), seeded(seed)
         expected = reference_walk(logits, copies, counts, step, rule, ref_gen)
-        w = verify.walk_stepwise(logits, verify.Guesses(copies, counts), step, rule, gen)
+        w = verify.walk(logits, verify.Guesses(copies, counts), step, rule, gen)
         path, state = w.path, w.host
         assert [new.tolist() for _, new in path] == expected and state == expected[-1], seed
         assert w.hint == [] and w.crossed == [] and w.copies == copies.tolist(), seed
@@ -136,23 +137,21 @@ def test_the_stepwise_walk_is_plain_decoding_through_the_verified_states(rule_kw
 @pytest.mark.parametrize("rule_kw", list(STATELESS.values()), ids=list(STATELESS))
 def test_the_batched_walk_takes_the_stepwise_walks_path(rule_kw):
     rule, lengths = make_rule(rule_kw), []
-    assert rule.stateless
+    assert fast.stateless(rule)
     for seed in SEEDS:
         logits, copies, counts, step = random_round(rule, seed)
         for extra in (verify.no_extra, with_ranks(rule)):
             g = verify.Guesses(copies, counts)
-            fast_w = verify.walk_batched(logits, g, step, rule, extra)
-            slow_w = verify.walk_stepwise(logits, g, step, rule, None, extra)
-            fast, slow = fast_w.path, slow_w.path
-            assert len(fast) == len(slow), seed
-            for (lg_f, new_f), (lg_s, new_s) in zip(fast, slow):
+            batched_w = fast.walk(logits, g, step, rule, None, extra)
+            slow_w = verify.walk(logits, g, step, rule, None, extra)
+            quick, slow = batched_w.path, slow_w.path
+            assert len(quick) == len(slow), seed
+            for (lg_f, new_f), (lg_s, new_s) in zip(quick, slow):
                 assert torch.equal(lg_f, lg_s) and torch.equal(new_f, new_s), seed
-            assert read(fast_w) == read(slow_w), seed
-            assert (fast_w.crossed, fast_w.copies, fast_w.visited) == \
+            assert read(batched_w) == read(slow_w), seed
+            assert (batched_w.crossed, batched_w.copies, batched_w.visited) == \
                 (slow_w.crossed, slow_w.copies, slow_w.visited), seed
-            assert walk_result(verify.walk(logits, g, step, rule, None, extra)) == \
-                walk_result(fast_w)                                  # walk takes the fast path
-        lengths.append(len(fast))
+        lengths.append(len(quick))
     assert max(lengths) >= 3 and min(lengths) <= 2, f"vacuous: walk lengths {lengths}"
 
 
@@ -166,12 +165,12 @@ def walk_result(w):
 @pytest.mark.parametrize("rule_kw", list(STATEFUL.values()), ids=list(STATEFUL))
 def test_walk_steps_a_stateful_rule_one_step_at_a_time(rule_kw):
     rule = make_rule(rule_kw)
-    assert not rule.stateless
+    assert not fast.stateless(rule)
     for seed in SEEDS[:4]:
         logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
         g = verify.Guesses(copies, counts)
         got = verify.walk(logits, g, step, rule, seeded(seed), with_ranks(rule))
-        want = verify.walk_stepwise(logits, g, step, rule, seeded(seed), with_ranks(rule))
+        want = verify.walk(logits, g, step, rule, seeded(seed), with_ranks(rule))
         assert walk_result(got) == walk_result(want)
 
 
@@ -182,19 +181,19 @@ def test_the_batched_walk_syncs_once_and_the_stepwise_walk_once_a_step(rule_kw, 
     for seed in SEEDS:
         logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
         extra, g = with_ranks(rule), verify.Guesses(copies, counts)
-        if rule.stateless:
+        if fast.stateless(rule):
             syncs.count = 0
             with syncs:
-                verify.walk_batched(logits, g, step, rule, extra)
+                fast.walk(logits, g, step, rule, None, extra)
             assert syncs.count == 1, seed
         syncs.count = 0
         with syncs:
-            path = verify.walk_stepwise(logits, g, step, rule, seeded(seed), extra).path
+            path = verify.walk(logits, g, step, rule, seeded(seed), extra).path
         assert syncs.count == len(path), seed
         syncs.count = 0
         with syncs:
-            verify.walk(logits, g, step, rule, seeded(seed), extra)
-        assert syncs.count == (1 if rule.stateless else len(path)), seed
+            fast.walk(logits, g, step, rule, seeded(seed), extra)
+        assert syncs.count == (1 if fast.stateless(rule) else len(path)), seed
         lengths.append(len(path))
     assert max(lengths) >= 3, f"vacuous: walk lengths {lengths}"
 
@@ -279,15 +278,15 @@ def test_the_walk_across_blocks_is_plain_decoding_through_the_verified_states(ru
         ref_gen, gen = seeded(seed), seeded(seed)
         expected, ref_crossed = reference_tree_walk(logits, copies, counts, parent, step, rule, ref_gen)
         g = verify.Guesses(copies, counts, parent)
-        w = verify.walk_stepwise(logits, g, step, rule, gen)
+        w = verify.walk(logits, g, step, rule, gen)
         path, state, crossed = w.path, w.host, w.crossed
         assert [new.tolist() for _, new in path] == expected and state == expected[-1], seed
         assert crossed == ref_crossed and w.hint == [], seed
         assert torch.equal(gen.get_state(), ref_gen.get_state()), "not plain decoding's draws"
-        if rule.stateless:
-            fast_w = verify.walk_batched(logits, g, step, rule)
-            fast, fast_state, fast_crossed = fast_w.path, fast_w.host, fast_w.crossed
-            assert [new.tolist() for _, new in fast] == expected and fast_crossed == crossed, seed
-            assert fast_state == state and fast_w.visited == w.visited, seed
+        if fast.stateless(rule):
+            batched_w = fast.walk(logits, g, step, rule)
+            quick, fast_state, fast_crossed = batched_w.path, batched_w.host, batched_w.crossed
+            assert [new.tolist() for _, new in quick] == expected and fast_crossed == crossed, seed
+            assert fast_state == state and batched_w.visited == w.visited, seed
         crossings += len(crossed)
     assert crossings >= 5, f"vacuous: {crossings} crossings"

@@ -1,0 +1,112 @@
+"""Speed devices, set apart from the reference: no decoder imports this module. The command
+lines compose them; each gives the core's tokens and forwards (tests/test_fast.py).
+
+- walk: the verification walk with ONE host sync a round, for a rule whose step depends on
+  nothing but the state and its logits (every copy is stepped at once); else verify.walk.
+- compile_static: torch.compile with static shapes (CUDA graphs on CUDA): the queries padded
+  to a power of two of rows, so each length compiles once.
+- compile_dynamic: torch.compile with dynamic shapes (the CPU's --compile): a graph a mask kind.
+"""
+import torch
+import torch.nn.functional as F
+
+import mask as masks
+from decode import to_device, to_host
+from verify import Walk, first_true, no_extra, same_state, successors
+from verify import walk as walk_stepwise
+
+STATIC_ROWS = 512   # static shapes: the most query rows a forward (a larger one is an error)
+
+
+def stateless(rule):
+    """A step of `rule` depends on nothing but the state and its logits: no random draw, and
+    the same quota at every step index. Such a rule can step many states in one call."""
+    return rule.temperature == 0 and rule.strategy != "random" and len(set(rule.quota)) == 1
+
+
+def walk(logits, g, step, rule, generator=None, extra=no_extra):
+    """verify.walk's result. For a stateless rule the rule steps EVERY copy in one batched
+    call, whether the walk reaches it or not; which copy each new state is, is found on the
+    device too, and only the chain is followed on the host: ONE host sync."""
+    if len(g.counts) == 1 or not stateless(rule):
+        return walk_stepwise(logits, g, step, rule, generator, extra)
+    each, copies = logits.split(g.counts), g.copies
+    block_of, goes_on, first = successors(g)
+    new = rule(logits, copies, step)                                        # (n, B): each stepped
+    hit = same_state(copies[None], new[:, None]) & (block_of[None] == block_of[:, None]) & goes_on
+    more = extra(logits, copies, new)
+    nxt, new_h, all_copies, *hint = to_host(first_true(hit), new, copies, *more)
+    path, crossed, visited = [0], [], []    # copy i's next state is copy nxt[i], if any
+    while nxt[path[-1]] < len(copies):
+        j = nxt[path[-1]]
+        visited.append(j)
+        if not g.counts[j]:
+            crossed.append((len(path), j))
+            j = first[j]
+        path.append(j)
+    last = path[-1]
+    return Walk([(each[i], new[i]) for i in path], new_h[last], [h[last] for h in hint], crossed,
+                all_copies, visited)
+
+
+def compile_static(model, **options):
+    """Compile `model`'s cached forwards with static shapes: each forward's queries padded to
+    a power of two of rows, the keys the whole cache, the cache row a device tensor, so each
+    length compiles once; with mode="reduce-overhead" on CUDA each is replayed as a CUDA
+    graph. The mask (a BlockMask on CUDA) is built inside; mask.padded tables how the queries
+    see each other, so one graph a length serves every mask kind. The prompt's prefill (any
+    length, once a prompt) runs eager; the head runs eager on the rows asked for, so their
+    number makes no new graph."""
+    static_shapes(model, many_graphs(torch.compile(type(model).trunk, dynamic=False, **options)))
+
+
+def static_shapes(model, trunk):
+    """model's cached forwards through `trunk` (Transformer.trunk's signature, the model first)
+    with static shapes (compile_static; tests run it uncompiled)."""
+    eager, setup = type(model).forward, model.setup_cache
+
+    def forward(idx, pos, start=None, mask=None, keep=None, rows=None):
+        T = idx.shape[1]
+        if not start:
+            return eager(model, idx, pos, start, mask, keep, rows)
+        n = 1 << (T - 1).bit_length()
+        if n > STATIC_ROWS:
+            raise RuntimeError(f"{T} query rows: more than the largest compiled bucket "
+                               f"({STATIC_ROWS}); cap the rows a forward (max_rows)")
+        start_t, n_real = to_device(start, idx.device), to_device(T, idx.device)
+        x = trunk(model, F.pad(idx, (0, n - T)), F.pad(pos, (0, n - T)), start_t,
+                  masks.padded(mask, start_t, n_real, n))[:, T - keep:T]
+        return model.head(x if rows is None else x[:, rows])
+    model.forward = forward   # (an instance attribute: nn.Module's call finds it first)
+    model.setup_cache = lambda max_len, batch=1: setup(max_len + STATIC_ROWS, batch)  # + padding
+
+
+def compile_dynamic(model, **options):
+    """Compile the trunk once for dynamic shapes (the CPU's --compile): a graph a mask kind
+    (block-causal, copies, temporal) and model, not a length. The head runs eager, as with
+    static shapes."""
+    compiled = many_graphs(torch.compile(model.trunk, dynamic=True, **options))
+    # its inputs copied: a view's base is guarded on (another shape, another graph)
+    model.trunk = lambda idx, pos, start, mask: compiled(idx.clone(), pos.clone(), start, mask)
+
+
+def is_compiled(model):
+    return "trunk" in vars(model) or "forward" in vars(model)
+
+
+def eager_again(model):
+    """Set aside what compile_static or compile_dynamic installed. -> a function that puts it
+    back."""
+    saved = {k: vars(model).pop(k) for k in ("trunk", "forward", "setup_cache") if k in vars(model)}
+    return lambda: vars(model).update(saved)
+
+
+def many_graphs(compiled, n=64):
+    """Dynamo keeps at most 8 graphs per function, counted per code object: the target and the
+    drafter share Transformer.trunk, and each mask kind is a graph of its own, so a SimSD
+    run needs more; past the limit dynamo runs the function EAGER from then on and says so only
+    in its log. This raises the limit to n only while `compiled` runs (when dynamo compiles
+    it): nothing changes process-wide."""
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    return cfg.patch(**{name: max(getattr(cfg, name), n)})(compiled)

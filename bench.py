@@ -42,7 +42,8 @@ from calibrate import graphs_for
 from decode import STRATEGIES, generate
 from prepare import TASKS, calibration_prompts, extract_answer, load_tasks
 from sol import GPU_MODEL, modelled_gpu_cost, speed_of_light as sol
-from speculate import check_settings, simsd_generate
+from speculate import check_settings
+from variants import simsd as simsd_generate
 from spiffy import DRAFT_BUDGET, spiffy_generate
 
 SIMSD = {  # name -> simsd_generate settings (the paper's: gamma = B drafts, one a forward)
@@ -88,6 +89,9 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     rule = cli.make_rule(target, B, cli.THRESHOLD if threshold else None, strategy=None if threshold else strategy)
     seeded = lambda: torch.Generator(target.embed.weight.device).manual_seed(0)
     drafter = drafter if base in DRAFTED else None
+    if "cost" in simsd:   # the speed devices (fast.py): copies capped and sized
+        simsd["cut"] = fast.cutter(simsd.pop("cost"), simsd.get("max_rows"), B)
+    rows = simsd.pop("max_rows", None)
     if base in ("sdar", "plain"):
         run = lambda ids, n: generate(target, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
     elif base in SIMSD:
@@ -96,7 +100,7 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
         graph = graphs(rule)
         run = lambda ids, n: spiffy_generate(target, ids, n, rule, graph, draft_budget, generator=seeded(), walk=fast.walk,
                                              **simsd)
-    blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, simsd.get("max_rows"))
+    blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, rows)
     run.warm = dict(target=target, drafter=drafter, max_blocks=blocks)      # cli.warm_up's
     return run
 
@@ -187,8 +191,8 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
     cli.check_used(bases, f"--methods {','.join(methods)}",
                    dict(drafter=DRAFTED, lookup_n=[m for m in SIMSD if "lookup" in m], sweep=[*SIMSD, "spiffy"] if flags["sweep"] in PAIRS else list(SIMSD),
                         ablate=["simsd-paper"], draft_budget=["spiffy"], gate=["simsd-gated"], draft_threshold=own_drafts,
-                        draft_stop=own_drafts, lookahead=[m for m in SIMSD if m not in TEMPORAL]), **flags)
-    check_settings("copies", "lossless", None, None, None, None, True, "tau", flags["lookahead"])
+                        draft_stop=own_drafts, draft_steps=DRAFTED, lookahead=[m for m in SIMSD if m not in TEMPORAL]), **flags)
+    check_settings("copies", flags["lookahead"] or 0, 1, 1, None, None, True, "tau")
     cli.check_unit(gate=flags["gate"], draft_threshold=flags["draft_threshold"], draft_stop=flags["draft_stop"])
     if out:
         util.check_writable(out, "--out")
@@ -208,6 +212,8 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
         variants = {m: {}}
         if base in SIMSD and sweep == "gamma":
             variants = {f"{m}(gamma={g})": dict(gamma=g) for g in sorted({1, min(2, B), max(B // 2, 1), B})}
+        if base in DRAFTED and sweep == "steps":
+            variants = {f"{m}(steps={k})": dict(draft_steps=k) for k in (1, 2, 3, 4, 6)}
         if base in SIMSD and base not in TEMPORAL and sweep == "lookahead":
             variants = {f"{m}(K={k})": dict(lookahead=k) for k in range(4)}
         if base in (*SIMSD, "spiffy") and base not in TEMPORAL and sweep in PAIRS:
@@ -256,7 +262,7 @@ def compare(plan, outputs, results, tasks, exact):
 def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
          prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, repeats=1,
          data=None, chat=False, sweep=None, ablate=(), draft_budget=None, out=None, strategy=None,
-         gate=None, draft_threshold=None, draft_stop=None, lookahead=None, speed_of_light=None, stop_ids=None,
+         gate=None, draft_threshold=None, draft_stop=None, lookahead=None, speed_of_light=None, stop_ids=None, draft_steps=None,
          cost_table=None, lookup_n=None, tasks="arith", max_rows=None, quick=False):
     """Method flags (drafter ... draft_budget): None/() = the default, an error when no method
     uses them. speed_of_light: a preset or checkpoint directory: sol.py's figures instead."""
@@ -264,7 +270,8 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
         cli.check_device(device, dtype)
         sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile, quick=quick)
         return 0
-    simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead, lookup_n=lookup_n)
+    simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead, lookup_n=lookup_n,
+                    draft_steps=draft_steps)
     methods = [SPECS.get(m, m) for m in methods]     # rows under the names of what they run
     check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, drafter=drafter,
                sweep=sweep, ablate=ablate or None, draft_budget=draft_budget, **simsd_kw)
@@ -348,8 +355,8 @@ def parse_args(argv=None):
                       help="SDAR strategy for every method without +threshold (default: "
                            "low_confidence_static, one token a step)")
     simsd = cli.simsd_flags(ap, variants=False)
-    simsd.add_argument("--sweep", choices=["gamma", "lookahead", *PAIRS], help="rows for gamma = 1, 2, B/2, B, K = 0..3, "
-                       "every copy verified (no cost table), or blocks finished ahead fused (not kept from their copies)")
+    simsd.add_argument("--sweep", choices=["gamma", "lookahead", "steps", *PAIRS], help="rows for gamma = 1, 2, B/2, B, "
+                       "K = 0..3, drafter steps 1, 2, 3, 4, 6, every copy verified (no cost table), or blocks finished ahead fused (not kept from their copies)")
     simsd.add_argument("--ablate", default="", help="simsd-paper without: rope-copy, order (comma-separated)")
     cli.spiffy_flags(ap, graph=False)
     ap.add_argument_group("output").add_argument("--out", default=None, help="also save the JSON here")

@@ -18,8 +18,9 @@ import util
 import mask as masks
 import fast
 from decode import EB_THRESHOLD, STRATEGIES, DecodeRule, Session
-from speculate import (ACCEPTS, DRAFT_STOP, DRAFT_THRESHOLD, GATE, LOOKAHEAD, LOOKUP_N, REFERENCES, VERIFIERS,
-                       check_settings)
+import variants
+from speculate import DRAFT_STEPS, DRAFT_STOP, DRAFT_THRESHOLD, LOOKAHEAD, check_settings
+from variants import ACCEPTS, GATE, LOOKUP_N, REFERENCES
 from spiffy import DRAFT_BUDGET
 from tokenizer import check_same_tokenizer, load_tokenizer
 
@@ -340,8 +341,9 @@ def check_rule(threshold, temperature, top_p, eb_threshold):
         raise ValueError(f"--temperature must be >= 0, got {temperature}")
 
 
-SIMSD_FLAGS = ("drafter", "gamma", "verifier", "acceptance", "gate", "draft_threshold", "draft_stop",
-               "lookahead", "reference", "lookup_n")
+SIMSD_FLAGS = ("drafter", "gamma", "verifier", "acceptance", "gate", "draft_steps", "draft_threshold",
+               "draft_stop", "lookahead", "reference", "lookup_n")
+VERIFIERS = ("temporal", "copies")
 SPIFFY_FLAGS = ("graph", "draft_budget")
 SPEC_FLAGS = ("cost_table", "max_rows")   # both speculative methods
 
@@ -349,7 +351,8 @@ SPEC_FLAGS = ("cost_table", "max_rows")   # both speculative methods
 def check_spec_flags(spec, block_size=None, **flags):
     """sample.py's and harness.py's method flags: SIMSD_FLAGS for simsd, SPIFFY_FLAGS for
     spiffy (None: that method's default), each refused by the other methods."""
-    util.check_positive(gamma=flags["gamma"], draft_budget=flags["draft_budget"])
+    util.check_positive(gamma=flags["gamma"], draft_budget=flags["draft_budget"],
+                        draft_steps=flags.get("draft_steps"))
     check_max_rows(flags.get("max_rows"), block_size)
     check_unit(gate=flags["gate"], draft_threshold=flags["draft_threshold"], draft_stop=flags["draft_stop"])
     owners = {k: ["simsd"] for k in SIMSD_FLAGS} | {k: ["spiffy"] for k in SPIFFY_FLAGS} | {
@@ -360,12 +363,14 @@ def check_spec_flags(spec, block_size=None, **flags):
     if flags["gate"] is not None and (flags["acceptance"] or "gated") != "gated":
         raise ValueError(f"--gate does nothing with --accept {flags['acceptance']} (it is for gated)")
     if spec == "simsd":
-        check_settings(flags["verifier"] or "copies", flags["acceptance"] or "lossless", flags["gamma"],
-                       flags["gate"], flags["draft_threshold"], flags["draft_stop"], rope_copy=True, order="tau",
-                       lookahead=flags["lookahead"], reference=flags["reference"] or "drafter",
-                       lookup_n=flags["lookup_n"])
-        check_reference_flags(**{k: flags[k] for k in ("reference", "lookup_n", "drafter", "draft_threshold",
-                                                       "draft_stop", "gamma")})
+        temporal = flags["verifier"] == "temporal"
+        lookahead = (0 if temporal else LOOKAHEAD) if flags["lookahead"] is None else flags["lookahead"]
+        check_settings(flags["verifier"] or "copies", lookahead, flags["gamma"] or 1,
+                       flags.get("draft_steps") or 1, flags["draft_threshold"], flags["draft_stop"], True, "tau")
+        variants.check(temporal, flags["acceptance"] or "lossless", flags["reference"] or "drafter",
+                       LOOKUP_N if flags["lookup_n"] is None else flags["lookup_n"], flags["gate"])
+        check_reference_flags(**{k: flags.get(k) for k in ("reference", "lookup_n", "drafter", "draft_threshold",
+                                                           "draft_stop", "gamma", "draft_steps")})
 
 
 def check_reference_flags(reference, lookup_n, **drafter_flags):
@@ -437,6 +442,8 @@ def simsd_flags(ap, variants=True):
                             "lossless (default) = the target's own decoding, token for token")
     g.add_argument("--gate", type=float, default=None,
                    help=f"gated acceptance: the target confidence to accept at (default {GATE})")
+    g.add_argument("--draft-steps", type=int, default=None,
+                   help=f"drafter forwards a round, every decision on the device (default {DRAFT_STEPS})")
     g.add_argument("--draft-threshold", type=float, default=None,
                    help=f"the drafter also drafts every position above this confidence (default {DRAFT_THRESHOLD})")
     g.add_argument("--draft-stop", type=float, default=None,

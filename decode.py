@@ -292,16 +292,6 @@ class Session:
             self.block_size, c), keep=0)
 
 
-def copies_cap(max_rows, block_size):
-    """The most block copies a verification forward may carry under a cap of max_rows query
-    rows (None: no cap). A cap below one block leaves no room for the block itself."""
-    if max_rows is None:
-        return None
-    if max_rows < block_size:
-        raise ValueError(f"--max-rows {max_rows} is below one block ({block_size} rows)")
-    return max_rows // block_size
-
-
 def to_host(*tensors):
     """Tensors -> nested lists, with ONE host sync however many there are: each is copied
     without blocking, then the stream is waited for once. The decoders' planned host syncs
@@ -323,9 +313,9 @@ def to_device(rows, device):
     return t if device.type == "cpu" else t.to(device)
 
 
-def check_prompt(prompt, config, max_new_tokens, device):
+def check_prompt(prompt, config, max_new_tokens):
     """Check the prompt on the host (ids in the vocabulary, no mask token, room for the
-    generation); -> its ids on `device`."""
+    generation); -> its ids, a host list."""
     ids = prompt_list(prompt)
     if not ids:
         raise ValueError("empty prompt")
@@ -338,7 +328,7 @@ def check_prompt(prompt, config, max_new_tokens, device):
     if len(ids) + max_new_tokens > config.max_seq_len:
         raise ValueError(f"prompt ({len(ids)}) + max_new_tokens ({max_new_tokens}) exceeds the "
                          f"context of {config.max_seq_len} tokens")
-    return to_device(ids, device)
+    return ids
 
 
 def prompt_list(prompt):
@@ -368,7 +358,7 @@ class Frontier:
     host: list = None     # the state on the host (None before a forward read it back)
     step: int = 0         # the rule's step index within the block
     hint: tuple = ()      # what the forward that made this state said of it (Spiffy's ranks)
-    context: list = ()    # the ids before the open block, on the host (round_loop's context)
+    context: list = ()    # the ids before the open block, on the host (round_loop's)
 
 
 @dataclass
@@ -379,7 +369,7 @@ class Advance:
     front: Frontier
 
 
-def round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block=None, context=None):
+def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=None):
     """The round loop every decoder shares (plain, SimSD, Spiffy). Prefill the prompt's whole
     blocks into each session; its tail stays in the first block as known tokens, so blocks
     stay on the grid the model was trained on. Then round after round: round_(front, room) ->
@@ -387,30 +377,26 @@ def round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block=None
     block past them). Every block a round completed is committed to every session (to the
     first, the verifier, from its copy where it has one), and here, in one place, decoding
     stops: at the first of the `stops` ids, at max_new_tokens, or when on_block(new ids)
-    returns True (a caller's own stop, e.g. a stop string). context: the prompt's ids as a host
-    list, for a round that reads the text (Frontier.context: the ids before the open block,
-    the prompt's and those committed; read-only). -> (new ids without the stop id, why it
-    stopped: "stop_id", "max_new_tokens" or "on_block")."""
-    B, mask_id = rule.block_size, rule.mask_id
-    n_prefix = len(ids) // B * B
+    returns True (a caller's own stop, e.g. a stop string). prompt: its ids, a host list.
+    -> (new ids without the stop id, why it stopped: "stop_id", "max_new_tokens", "on_block")."""
+    B, mask_id, device = rule.block_size, rule.mask_id, sessions[0].device
+    n_prefix = len(prompt) // B * B
     for s in sessions:
-        s.prefill(ids[:n_prefix])
-    out, known = [], len(ids) - n_prefix             # known: prompt tokens in the open block
-    front = open_block(ids[n_prefix:], n_prefix, B, mask_id)
-    seen = None
-    if context is not None:                          # and the open block's state on the host
-        seen, front.host = list(context[:n_prefix]), context[n_prefix:] + [mask_id] * front.n_masked
+        s.prefill(to_device(prompt[:n_prefix], device))
+    out, known = [], len(prompt) - n_prefix          # known: prompt tokens in the open block
+    host = prompt[n_prefix:] + [mask_id] * (B - known)
+    front = Frontier(to_device(host, device), torch.arange(n_prefix, n_prefix + B, device=device),
+                     B - known, host)
+    seen = prompt[:n_prefix]                         # the ids before the open block
     while True:
-        if seen is not None:
-            front = replace(front, context=seen)
+        front.context = seen
         adv = round_(front, max_new_tokens - len(out) - (B - known))
         front = adv.front
         done = adv.done + ([(front.block, front.host, None)] if not front.n_masked else [])
         for block, host, copy in done:
             for i, s in enumerate(sessions):
                 s.commit(block, copy if i == 0 else None)
-            new, known = host[known:], 0
-            seen = None if seen is None else seen + host
+            new, known, seen = host[known:], 0, seen + host
             end = next((i for i, t in enumerate(new) if t in stops), len(new))
             out += new[:end]
             if on_block and on_block(new[:end]):
@@ -420,13 +406,6 @@ def round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block=None
                 return out[:max_new_tokens], "stop_id" if stopped else "max_new_tokens"
         if not front.n_masked:
             front = Frontier(torch.full_like(front.block, mask_id), front.pos + B, B, [mask_id] * B)
-
-
-def open_block(known, start, B, mask_id):
-    """The first block, at positions start.., its first tokens `known` (the prompt's tail)."""
-    block = torch.full((B,), mask_id, device=known.device)
-    block[:len(known)] = known
-    return Frontier(block, torch.arange(start, start + B, device=known.device), B - len(known))
 
 
 @torch.no_grad()
@@ -443,7 +422,7 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
     seconds and stop: why it ended)."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
-    ids = check_prompt(prompt, c, max_new_tokens, model.embed.weight.device)
+    ids = check_prompt(prompt, c, max_new_tokens)
     B, t0, syncs = rule.block_size, time.perf_counter(), SYNCS["host"]
     sess = Session(model, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
 

@@ -3,6 +3,8 @@ lines compose them; each gives the core's tokens and forwards (tests/test_fast.p
 
 - walk: the verification walk with ONE host sync a round, for a rule whose step depends on
   nothing but the state and its logits (every copy is stepped at once); else verify.walk.
+- cutter: the copies a round verifies, cut to a row cap (a GPU's static buckets) and sized by
+  a cost table (costs.py): the prefix with the most expected steps a second.
 - compile_static: torch.compile with static shapes (CUDA graphs on CUDA): the queries padded
   to a power of two of rows, so each length compiles once.
 - compile_dynamic: torch.compile with dynamic shapes (the CPU's --compile): a graph a mask kind.
@@ -47,6 +49,30 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     last = path[-1]
     return Walk([(each[i], new[i]) for i in path], new_h[last], [h[last] for h in hint], crossed,
                 all_copies, visited)
+
+
+def sized(g, cost):
+    """The prefix of Guesses g with the most expected steps a second: copy i is worth
+    g.chance[i] steps (the proposer's guess that the walk reaches it; the open block's own
+    state 1), and a forward of n copies takes cost(n) seconds (a cost table, costs.py)."""
+    if g.chance is None:
+        return g
+    value, best = 0.0, (0.0, 1)
+    for n, chance in enumerate(g.chance, 1):
+        value += chance
+        best = max(best, (value / cost(n), n))
+    return g.prefix(best[1])
+
+
+def cutter(cost=None, max_rows=None, block_size=None):
+    """The decoders' `cut`: a round's copies cut to those max_rows query rows hold (None: no
+    cap), then sized by the cost table `cost` (None: not sized); None when neither."""
+    if max_rows is not None and max_rows < block_size:
+        raise ValueError(f"--max-rows {max_rows} is below one block ({block_size} rows)")
+    cap = None if max_rows is None else max_rows // block_size
+    if cost is None and cap is None:
+        return None
+    return lambda g: sized(g.prefix(cap), cost) if cost else g.prefix(cap)
 
 
 def compile_static(model, **options):

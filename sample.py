@@ -23,7 +23,7 @@ import torch
 
 import cli, costs, fast, util
 from decode import check_prompt, generate
-from speculate import simsd_generate
+from variants import simsd
 from spiffy import graph_path, load_graph, spiffy_generate
 
 DEFAULT_PROMPT = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. "
@@ -58,12 +58,12 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
         run = lambda ids, n, rule=rule, **kw: generate(model, ids, n, rule, **kw)
     elif spec == "simsd":
         drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype)
-        run = partial(simsd_generate, model, drf, rule=rule, cost=cost, reference=reference or "drafter",
-                      max_rows=rows, walk=fast.walk)
+        run = partial(simsd, model, drf, rule=rule, reference=reference or "drafter", walk=fast.walk,
+                      cut=fast.cutter(cost, rows, rule.block_size))
     else:
         g = load_graph(graph or graph_path(target, rule), rule)
-        run = lambda ids, n, rule=rule, **kw: spiffy_generate(model, ids, n, rule, graph=g, cost=cost,
-                                                              max_rows=rows, walk=fast.walk, **kw)
+        run = lambda ids, n, rule=rule, **kw: spiffy_generate(model, ids, n, rule, graph=g, walk=fast.walk,
+                                                              cut=fast.cutter(cost, rows, rule.block_size), **kw)
     cli.compile_models(model, drf, compile)
     plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
     return model, tok, rule, run, None if plain else cost_note, dict(
@@ -103,7 +103,7 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     if chat and tok.chat_template is None:
         print(f"note: {target} has no chat_template; the prompt is in ChatML", file=sys.stderr)
     ids = tok.encode(text)
-    check_prompt(ids, model.config, max_new_tokens, device)
+    check_prompt(ids, model.config, max_new_tokens)
     kw = {k: v for k, v in flags.items() if v is not None}
     seeded = lambda: torch.Generator(device=device).manual_seed(seed)   # noqa: E731
     decode = lambda n: run(ids, n, generator=seeded(), **kw)[0]          # noqa: E731

@@ -29,9 +29,9 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from decode import (SYNCS, DecodeRule, Session, check_prompt, copies_cap, packed_index, round_loop,
+from decode import (SYNCS, DecodeRule, Session, check_prompt, packed_index, round_loop,
                     stop_ids, to_device, to_host)
-from verify import Guesses, lossless_round, no_extra, propose_nothing, walk
+from verify import Guesses, counted, lossless_round, no_extra, propose_nothing, walk
 
 DRAFT_BUDGET = 8   # D*: the most draft-graph nodes verified a forward
 
@@ -172,100 +172,84 @@ def graph_rule(rule):
     return r
 
 
-def draft_copies(ranked, state, block, graph, budget, rule, cross, stops, cost=None):
-    """A round's copies: the open block's state, its drafts, and after each draft that finishes
-    the block, the next block's first state (two copies of the budget for that draft), when
-    `cross` (a block after this one is wanted) and the draft holds none of the `stops` ids
-    (decoding would end there). cost(n copies) -> seconds of a forward (a cost table,
-    costs.py): keep only the best drafts that maximise the expected steps per second.
-    -> verify.Guesses."""
+def draft_copies(ranked, state, block, graph, budget, rule, cross, stops):
+    """A round's copies: the open block's state and its drafts (build_drafts), and after each
+    draft that finishes the block, the next block's first state (two copies of the budget for
+    that draft), when `cross` (a block after this one is wanted) and the draft holds none of
+    the `stops` ids (decoding would end there). -> verify.Guesses."""
     drafts, chances = build_drafts(ranked, state, graph, budget, rule) if graph else ([], [])
-    host, parent, value = [state], [-1], 1.0
-    best = (1.0 / cost(1) if cost else 1, 1)      # (expected steps per second, or copies; copies)
-    for d, chance in zip(drafts, chances):
+    host, parent, chance = [state], [-1], [1.0]
+    for d, p in zip(drafts, chances):
         crosses = cross and rule.mask_id not in d and not stops.intersection(d)
         if len(host) + crosses > budget:
             break
-        host.append(d)
-        parent.append(-1)
+        host, parent, chance = host + [d], parent + [-1], chance + [p]
         if crosses:                    # its next block's first step comes with the forward too
-            host.append([rule.mask_id] * rule.block_size)
-            parent.append(len(host) - 2)
-        value += chance * (1 + crosses)                       # expected steps a round
-        best = max(best, (value / cost(len(host)) if cost else len(host), len(host)))
-    host, parent = host[:best[1]], parent[:best[1]]
+            host, parent = host + [[rule.mask_id] * rule.block_size], parent + [len(host) - 1]
+            chance.append(p)
     copies = to_device(host, block.device) if len(host) > 1 else block[None]
     counts = [s.count(rule.mask_id) for s in host]
-    return Guesses(copies, counts, parent if max(parent) >= 0 else None)
+    return Guesses(copies, counts, parent if max(parent) >= 0 else None, chance)
 
 
 @torch.no_grad()
 def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
                     draft_budget=DRAFT_BUDGET, fuse_commit=True, eos_id=None, generator=None,
-                    on_block=None, cost=None, copy_commit=True, max_rows=None, walk=walk):
+                    on_block=None, copy_commit=True, walk=walk, cut=None):
     """Spiffy decoding; decode.generate's arguments and output, plus graph: a calibrated graph
     (load_graph; None: plain decoding); draft_budget: D*, the most copies a forward verifies
-    besides the open block's own state; cost: a cost model (costs.py) the copies are sized by,
-    None: up to D* (draft_copies). A finishing draft brings the next block's first state
-    (blocks_ahead); copy_commit: see decode.Session.commit. max_rows: the most query rows of a
-    verification's copies (None: no cap; decode.copies_cap): D* shrinks to fit. walk:
-    verify.walk, or fast.walk (the same tokens, fewer host syncs)."""
+    besides the open block's own state. A finishing draft brings the next block's first state
+    (blocks_ahead); copy_commit: see decode.Session.commit. The speed devices (fast.py): walk,
+    and cut(guesses) -> the copies verified (None: all)."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     if draft_budget < 1:
         raise ValueError(f"draft budget D* must be >= 1, got {draft_budget}")
-    ids = check_prompt(prompt, c, max_new_tokens, model.embed.weight.device)
-    max_copies = copies_cap(max_rows, rule.block_size)
-    draft_budget = draft_budget if max_copies is None else min(draft_budget, max_copies - 1)
+    ids = check_prompt(prompt, c, max_new_tokens)
     B, t0, stops, syncs = rule.block_size, time.perf_counter(), stop_ids(c, eos_id), SYNCS["host"]
-    scratch = (draft_budget + 4) * B
-    sess = Session(model, B, len(ids) + max_new_tokens + scratch, fuse_commit, copy_commit)
-    advanced, verified, crossings = Counter(), Counter(), Counter()
+    sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 4) * B, fuse_commit,
+                   copy_commit)
     k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0) if graph else 0
+    stats = Counter()
 
     def propose(front, room):   # the graph's drafts, from the ranks the last forward gave
         if not front.hint:      # this state (a new block: no forward has seen it yet)
-            return Guesses(front.block[None], [front.n_masked])
-        return draft_copies(front.hint, front.host, front.block, graph, draft_budget, rule,
-                            room > 0, stops, cost)
+            g = Guesses(front.block[None], [front.n_masked])
+        else:
+            g = draft_copies(front.hint, front.host, front.block, graph, draft_budget, rule,
+                             room > 0, stops)
+        return cut(g) if cut else g
 
     extra = (lambda lg, cp, st: ranks(lg, st, rule, k, cp)) if graph else no_extra
-    walked = lossless_round(sess, rule, propose, generator, extra, walk)
-
-    def tally(front, room):
-        adv, g, w = walked(front, room)
-        advanced[len(w.path)] += 1
-        verified[len(g.copies) - 1] += 1
-        crossings["blocks"] += len(w.crossed)
-        return adv
-
-    out, stop = round_loop(tally, [sess], ids, rule, max_new_tokens, stops, on_block)
+    round_ = lossless_round(sess, rule, propose, generator, extra, walk, stats)
+    out, stop = round_loop(round_, [sess], ids, rule, max_new_tokens, stops, on_block)
     seconds = time.perf_counter() - t0
     return out, dict(stop=stop, nfe=sess.nfe, rows=dict(sess.rows), tokens=len(out),
                      seconds=seconds, tokens_per_s=len(out) / seconds,
-                     steps_per_forward=dict(sorted(advanced.items())),
-                     nodes_per_forward=dict(sorted(verified.items())),
-                     blocks_ahead=crossings["blocks"], lookahead=1, syncs=SYNCS["host"] - syncs)
+                     steps_per_forward=counted(stats, "steps"),
+                     nodes_per_forward=counted(stats, "copies"),
+                     blocks_ahead=stats["blocks_ahead"], lookahead=1, syncs=SYNCS["host"] - syncs)
 
 
 @torch.no_grad()
 def trajectories(model, prompt, max_new_tokens, rule, record):
     """Plain decoding of `prompt` through the round loop (nothing proposed), calling
     record(states, logits) as each block ends: its states, and the (B, V) logits each step read."""
-    ids = check_prompt(prompt, model.config, max_new_tokens, model.embed.weight.device)
+    ids = check_prompt(prompt, model.config, max_new_tokens)
     sess = Session(model, rule.block_size, len(ids) + max_new_tokens + 3 * rule.block_size)
-    walked, states, logits = lossless_round(sess, rule, propose_nothing), [], []
+    states, logits = [], []
 
-    def round_(front, room):
-        adv, _, w = walked(front, room)
-        (lg, new), = w.path
-        states[:] = states or [front.block]
-        logits.append(lg[packed_index(front.block, rule.mask_id)])
+    def recorded(lg, g, step, rule, generator=None, extra=no_extra):   # verify.walk, recording
+        w = walk(lg, g, step, rule, generator, extra)
+        (_, new), = w.path
+        states[:] = states or [g.copies[0]]
+        logits.append(lg[packed_index(g.copies[0], rule.mask_id)])
         states.append(new)
-        if not adv.front.n_masked:
+        if rule.mask_id not in w.host:
             record(list(states), list(logits))
             states.clear(), logits.clear()
-        return adv
+        return w
+    round_ = lossless_round(sess, rule, propose_nothing, walk=recorded)
     round_loop(round_, [sess], ids, rule, max_new_tokens, stop_ids(model.config))
 
 

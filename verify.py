@@ -33,8 +33,15 @@ class Guesses:
     counts: list           # each copy's number of masked positions (host ints)
     parent: list = None    # None: every copy is a state of the open block; else parent[i] = -1
                            # for those, or the index of the COMPLETE copy of the block before
-                           # the block copy i is a state of
-    data: object = None    # what the proposer wants back with the walk (e.g. SimSD's draft)
+                           # the block copy i is a state of (always an earlier copy)
+    chance: list = None    # the proposer's guess that the walk reaches each copy (fast.sized)
+    held: list = None      # drafts each copy holds (SimSD's: its drafts accepted)
+
+    def prefix(self, n):
+        """The first n copies (a copy's parent comes before it: still a whole)."""
+        cut = lambda x: x if x is None else x[:n]   # noqa: E731
+        return Guesses(self.copies[:n], self.counts[:n], cut(self.parent), cut(self.chance),
+                       cut(self.held))
 
 
 def propose_nothing(front, room):
@@ -131,20 +138,45 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
             i, step = first[j], 0
 
 
-def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=walk):
+def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=walk, stats=None):
     """A round of the lossless decoders (decode.round_loop's round_): propose(front, room) ->
     Guesses; ONE forward of sess verifies them; the target's own rule walks through them
-    (`walk`: this module's, or fast.walk). -> (decode.Advance, the guesses, the walk)."""
+    (`walk`: this module's, or fast.walk). stats: a Counter the round counts itself into
+    (tally). -> decode.Advance."""
     def round_(front, room):
         g = propose(front, room)
         w = walk(verify_copies(sess, g, front.pos), g, front.step, rule, generator, extra)
+        if stats is not None:
+            tally(stats, g, w)
         done = [(g.copies[j], w.copies[j], j) for _, j in w.crossed]
         step = len(w.path) - w.crossed[-1][0] if w.crossed else front.step + len(w.path)
         pos = front.pos + rule.block_size * len(w.crossed)
         n_masked = w.host.count(rule.mask_id)
-        front = Frontier(w.path[-1][1], pos, n_masked, w.host, step, tuple(w.hint))
-        return Advance(done, front), g, w
+        return Advance(done, Frontier(w.path[-1][1], pos, n_masked, w.host, step, tuple(w.hint)))
     return round_
+
+
+def tally(stats, g, w):
+    """A round's counts: steps walked, copies verified besides the open block, blocks finished
+    ahead; with g.held, the drafts accepted (the most any state the walk reached holds) and
+    why the round ended."""
+    stats["steps", len(w.path)] += 1
+    stats["copies", len(g.counts) - 1] += 1
+    stats["blocks_ahead"] += len(w.crossed)
+    if g.held and max(g.held):
+        depth = lineage(g.parent)[0] if g.parent else [0] * len(g.counts)
+        ended = [c for c, s in enumerate(w.copies) if s == w.host and depth[c] == len(w.crossed)]
+        k = max(g.held[c] for c in [0, *w.visited, *ended])
+        stats["accepted", k] += 1
+        stats["end", "every draft accepted" if k == max(g.held) else "target chose otherwise"] += 1
+    elif g.held is not None:
+        stats["accepted", 0] += 1
+        stats["end", "nothing drafted"] += 1
+
+
+def counted(stats, kind):
+    """{n: rounds} of the Counter's (kind, n) entries."""
+    return dict(sorted((k[1], v) for k, v in stats.items() if type(k) is tuple and k[0] == kind))
 
 
 def first_true(flags):

@@ -12,30 +12,33 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
-import speculate  # noqa: E402
+import variants  # noqa: E402
+import verify  # noqa: E402
 from prepare import load_tasks  # noqa: E402
 
 torch.set_num_threads(1)
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 40
 model, tok = cli.load(cli.DEFAULT_TARGET)
-real = speculate.accepted
+real = verify.tally
 for kind in ("arith", "copy", "text"):
     tasks = load_tasks(None, n, tok, False, kind)
     for B in (4, 8, 32):
         rule, kept, tried, rounds = cli.make_rule(model, B, cli.THRESHOLD), Counter(), Counter(), Counter()
 
-        def accepted(g, w):
-            a, of = real(g, w)
+        def tally(stats, g, w):   # a round's drafts accepted (a) of those proposed (of)
+            before = dict(stats)
+            real(stats, g, w)
+            a = next((k[1] for k in stats if k[0] == "accepted" and stats[k] != before.get(k)), 0)
+            of = max(g.held or [0])
             rounds["all"] += 1
             rounds["proposed"] += of > 0
             for k in range(min(a + 1, of)):
                 tried[k] += 1
                 kept[k] += k < a
-            return a, of
-        speculate.accepted = accepted
+        verify.tally = tally
         for ids, _ in tasks:
-            speculate.simsd_generate(model, None, ids, 64, rule, reference="lookup")
-        speculate.accepted = real
+            variants.simsd(model, None, ids, 64, rule, reference="lookup")
+        verify.tally = real
         rates = " ".join(f"{kept[k] / tried[k]:.2f}" for k in range(6) if tried[k])
         print(f"{kind:5s} B={B:2d}: proposed in {rounds['proposed']} of {rounds['all']} rounds; "
               f"kept | the ones before kept, tokens 1-6: {rates}")

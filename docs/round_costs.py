@@ -7,7 +7,7 @@ function that does it, here only: the decoders themselves time nothing.
   target forwards   decode.Session.forward on the target (prefill, rounds, commits)
   drafter forwards  the same on the drafter
   rule              DecodeRule.__call__: the decoding step (plain's, and the walk's)
-  walk              verify.walk around the rule: which copy each new state is, host copies
+  walk              fast.walk around the rule: which copy each new state is, host copies
   hint              what the next round's guesses are read from (spiffy.ranks,
                     DecodeRule.best for the drafter-free references; inside the rule,
                     where a greedy step picks its tokens with it, the rule's)
@@ -45,9 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
 import costs  # noqa: E402
 import decode  # noqa: E402
-import drafts  # noqa: E402
+import fast  # noqa: E402
 import speculate  # noqa: E402
 import spiffy  # noqa: E402
+import variants  # noqa: E402
 import verify  # noqa: E402
 from prepare import load_tasks  # noqa: E402
 
@@ -100,26 +101,26 @@ def timed(owner, name, key):
 timed(decode.Session, "forward", lambda a: "target forwards" if a[0].model is target
       else "drafter forwards")
 timed(decode.DecodeRule, "__call__", "rule")
-timed(verify, "walk", "walk")
+timed(fast, "walk", "walk")
 timed(spiffy, "ranks", "hint")
 timed(decode.DecodeRule, "best", lambda a: "rule" if stack and stack[-1][0] == "rule" else "hint")
-for owner, name in ((speculate, "draft"), (spiffy, "draft_copies"), (speculate, "trajectory"),
-                    (speculate, "lookup_draft"), (drafts.Draft, "guesses")):
+for owner, name in ((speculate, "draft"), (spiffy, "draft_copies"), (variants, "trajectory"),
+                    (variants, "lookup_draft"), (speculate, "drafted_states")):
     timed(owner, name, "proposing")
 PARTS = ("target forwards", "drafter forwards", "rule", "walk", "hint", "proposing")
 
 for B in sizes:
     rule = cli.make_rule(target, B, cli.THRESHOLD)
-    cost = costs.cost_model(cli.DEFAULT_TARGET, target, B, None)[0]
+    cut = fast.cutter(costs.cost_model(cli.DEFAULT_TARGET, target, B, None)[0], None, B)
+    kw = dict(cut=cut, walk=fast.walk)
     graph = spiffy.load_graph(spiffy.graph_path(cli.DEFAULT_TARGET, rule), rule)
     methods = {
         "threshold": lambda ids: decode.generate(target, ids, 64, rule),
-        "--spec simsd": lambda ids: speculate.simsd_generate(target, drafter, ids, 64, rule, cost=cost),
-        "--spec spiffy": lambda ids: spiffy.spiffy_generate(target, ids, 64, rule, graph, cost=cost),
-        "trajectory": lambda ids: speculate.simsd_generate(target, None, ids, 64, rule, cost=cost,
-                                                           reference="trajectory"),
-        "lookup": lambda ids: speculate.simsd_generate(target, None, ids, 64, rule, cost=cost,
-                                                       reference="lookup")}
+        "--spec simsd": lambda ids: variants.simsd(target, drafter, ids, 64, rule, **kw),
+        "--spec spiffy": lambda ids: spiffy.spiffy_generate(target, ids, 64, rule, graph, **kw),
+        "trajectory": lambda ids: variants.simsd(target, None, ids, 64, rule, reference="trajectory",
+                                                 **kw),
+        "lookup": lambda ids: variants.simsd(target, None, ids, 64, rule, reference="lookup", **kw)}
     total, tokens = defaultdict(float), defaultdict(int)
     for warm in (True, False):
         T.clear(), N.clear(), OPS.clear()

@@ -25,6 +25,7 @@ from model import PRESETS, ModelConfig, Transformer
 from prepare import extract_answer, problems
 from cli import DEFAULT_DRAFTER, DEFAULT_TARGET
 from speculate import simsd_generate
+from variants import simsd
 from tokenizer import load_tokenizer
 
 
@@ -70,7 +71,7 @@ def test_simsd_on_the_embedded_models_commits_many_tokens_per_target_forward():
         assert b == generate(target, ids, 64, threshold, eos_id=tok.eos_id)[0]
         tokens, nfe = tokens + st["tokens"], nfe + st["nfe"]
         a, _ = generate(target, ids, 64, static, eos_id=tok.eos_id)
-        c, _ = simsd_generate(target, drafter, ids, 64, static, acceptance="gated", eos_id=tok.eos_id)
+        c, _ = simsd(target, drafter, ids, 64, static, acceptance="gated", eos_id=tok.eos_id)
         plain_ok += extract_answer(tok.decode(a)) == p["result"]
         gated_ok += extract_answer(tok.decode(c)) == p["result"]
     assert tokens / nfe >= 2.0

@@ -44,7 +44,7 @@ def test_compiled_decoding_does_not_recompile_after_warm_up(method, static):
         if method == "simsd":
             return simsd_generate(t, d, ids, 12, rule, eos_id=-1, lookahead=2)[0]   # across blocks
         if method == "simsd-temporal":     # its sections vary in length: padded to 2B
-            return simsd_generate(t, d, ids, 12, rule, "temporal", "paper", eos_id=-1)[0]
+            return simsd_generate(t, d, ids, 12, rule, verifier="temporal", eos_id=-1)[0]
         if method == "spiffy":
             return spiffy_generate(t, ids, 12, rule, graph, 4, eos_id=-1)[0]
         return generate(t, ids, 12, rule, eos_id=-1)[0]

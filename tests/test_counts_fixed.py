@@ -9,6 +9,10 @@ grid), max_new_tokens (ending inside a block or not), a stop id (a token plain d
 commits, kept or recomputed finished blocks; every copy verified (no cost model). Tiny random
 models: a target and a drafter that mostly agrees with it (tests/test_lookahead.py's pair).
 
+Re-recorded 2026-12-05 for the drafter on the device (a fixed number of drafter forwards a
+round, SimSD's drafts changed): plain and Spiffy runs kept every token and count; the 16
+lossless SimSD runs kept every token (target forwards 154 -> 153, drafter forwards 300 -> 391).
+
 A change that moves counts on purpose rewrites the fixture, and says so:
     python tests/test_counts_fixed.py --write
 """
@@ -24,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import make_model  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
 from model import PRESETS  # noqa: E402
-from speculate import simsd_generate  # noqa: E402
+from variants import simsd as simsd_generate  # noqa: E402
 from spiffy import calibrate, spiffy_generate  # noqa: E402
 from test_lookahead import RULES, pair, tokens  # noqa: E402
 

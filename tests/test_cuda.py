@@ -51,7 +51,7 @@ def test_decoders_on_cuda_equal_plain_decoding(strategy):
         plain = generate(model, p, 24, rule, eos_id=-1)[0]
         assert plain == generate(cpu, p, 24, rule, eos_id=-1)[0]
         assert spiffy_generate(model, p, 24, rule, graph, eos_id=-1)[0] == plain
-        assert simsd_generate(model, drafter, p, 24, rule, acceptance="lossless", eos_id=-1)[0] == plain
+        assert simsd_generate(model, drafter, p, 24, rule, eos_id=-1)[0] == plain
 
 
 def test_compiled_decoding_on_cuda_equals_eager():

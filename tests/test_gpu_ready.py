@@ -128,7 +128,7 @@ def prompt(n):
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_capped_rows_keep_the_tokens_and_fit_the_largest_bucket(static, monkeypatch):
-    """max_rows caps a verification's copies (a GPU's default: cli.max_rows); the output stays
+    """A row cap on a verification's copies (fast.cutter; a GPU's default: cli.max_rows); the output stays
     plain decoding's, every forward fits, and fewer rows are verified."""
     target, drafter = make_model(block_size=B), make_model(n_layer=1, block_size=B, seed=5)
     if static:
@@ -139,9 +139,9 @@ def test_capped_rows_keep_the_tokens_and_fit_the_largest_bucket(static, monkeypa
     for n in (3, 9):
         plain = generate(target, prompt(n), 24, rule, eos_id=-1)[0]
         for rows in (B, 3 * B, 8 * B):
-            out, st = simsd_generate(target, drafter, prompt(n), 24, rule, eos_id=-1, max_rows=rows)
+            out, st = simsd_generate(target, drafter, prompt(n), 24, rule, eos_id=-1, cut=fast.cutter(None, rows, B))
             assert out == plain and max(st["rows"]) <= rows + B        # + the pending block
-            out, st = spiffy_generate(target, prompt(n), 24, rule, graph, eos_id=-1, max_rows=rows)
+            out, st = spiffy_generate(target, prompt(n), 24, rule, graph, eos_id=-1, cut=fast.cutter(None, rows, B))
             assert out == plain and max(st["rows"]) <= rows + B
     if static:   # uncapped, a verification outgrows the largest bucket: an error, never eager
         monkeypatch.setattr(fast, "STATIC_ROWS", MAX_BUCKET * B)
@@ -150,7 +150,7 @@ def test_capped_rows_keep_the_tokens_and_fit_the_largest_bucket(static, monkeypa
     else:
         assert max(simsd_generate(target, drafter, prompt(9), 24, rule, eos_id=-1)[1]["rows"]) > MAX_BUCKET * B
     with pytest.raises(ValueError, match="below one block"):
-        simsd_generate(target, drafter, prompt(3), 8, rule, max_rows=B - 1)
+        fast.cutter(None, B - 1, B)
 
 
 def test_the_gpu_default_cap_fits_the_largest_bucket():

@@ -22,13 +22,15 @@ import pytest
 import torch
 
 import costs
+import fast
 import speculate
 from conftest import make_model
 from decode import DecodeRule, Frontier, Session, generate
 from model import PRESETS
-from speculate import simsd_generate
-from simsd_paper import accept_gated, accept_paper, copies_round
+from variants import simsd as simsd_generate
+
 from spiffy import calibrate, spiffy_generate
+from verify import Guesses
 
 MASK_ID, VOCAB = PRESETS["tiny"]["mask_token_id"], PRESETS["tiny"]["vocab_size"]
 NO_EOS = -1
@@ -202,23 +204,26 @@ def drafting(B=4):
     return sess, DecodeRule(MASK_ID, B), torch.full((B,), MASK_ID), torch.arange(2 * B, 3 * B)
 
 
-def test_the_drafters_tentative_commits_are_rolled_back():
-    """Drafting ahead commits the drafted block to the drafter's cache for a while: after the
-    round its session is where it was, and drafting again drafts the same."""
+def test_drafting_ahead_leaves_the_drafters_cache_where_it_was():
+    """The drafter drafts the open block and the blocks past it in one window of scratch rows:
+    after the round its session is where it was, and drafting again drafts the same; a block
+    drafted whole is followed by the next one's, which starts from all masks."""
     B = 4
     sess, rule, block, pos = drafting(B)
-    first = speculate.draft(sess, block, pos, rule, 3 * B, lookahead=2)
-    assert first.per_block == [B, B, B] and (sess.committed, sess.pending) == (2 * B, None)
-    again = speculate.draft(sess, block, pos, rule, 3 * B, lookahead=2)
-    assert torch.equal(first.pos, again.pos) and torch.equal(first.tokens, again.tokens)
-    assert first.pos.max() == 3 * B - 1 and first.states(block).shape == (3 * B + 3, B)
+    front = Frontier(block, pos, B, [MASK_ID] * B)
+    first = speculate.draft(sess, front, rule, 3 * B, 2, None, None, 3 * B, frozenset())
+    assert sorted(first.pos) == list(range(3 * B)) and (sess.committed, sess.pending) == (2 * B, None)
+    again = speculate.draft(sess, front, rule, 3 * B, 2, None, None, 3 * B, frozenset())
+    assert (first.pos, first.tokens) == (again.pos, again.tokens)
+    g = speculate.drafted_states(front, first, 2, frozenset(), MASK_ID)
+    assert g.copies.shape == (3 * B + 3, B) and g.parent[B + 1] == B and g.counts[B + 1] == B
 
 
 @pytest.mark.parametrize("method", ["simsd", "spiffy"])
 def test_cost_sized_copies_never_change_the_output(method):
-    """The copies a round verifies are sized by a forward cost model (cost=, costs.py): with a
-    flat cost every draft is verified, with a steep one none; the tokens are plain decoding's
-    either way, only the forward count moves."""
+    """The copies a round verifies are sized by a forward cost model (fast.cutter, costs.py):
+    with a flat cost every copy is verified, with a steep one none but the open block; the
+    tokens are plain decoding's either way, only the forward count moves."""
     B = 4
     target, drafter = pair(B)
     rule = DecodeRule(MASK_ID, B, strategy="low_confidence_dynamic", threshold=0.6)
@@ -226,122 +231,26 @@ def test_cost_sized_copies_never_change_the_output(method):
     nfe = {}
     for name, cost in (("none", None), ("flat", lambda n: 1.0), ("steep", lambda n: float(n) ** 3),
                        ("linear", lambda n: 1.0 + 0.2 * n)):     # (some states, not every one)
-        nfe[name] = 0
+        nfe[name], cut = 0, fast.cutter(cost, None, B)
         for k, (prompt, max_new) in enumerate(cases(B)):
             plain, _ = generate(target, prompt, max_new, rule, eos_id=NO_EOS)
-            out, st = (simsd_generate(target, drafter, prompt, max_new, rule, lookahead=2, eos_id=NO_EOS, cost=cost)
+            out, st = (simsd_generate(target, drafter, prompt, max_new, rule, lookahead=2, eos_id=NO_EOS, cut=cut)
                        if method == "simsd" else spiffy_generate(target, prompt, max_new, rule, graph, eos_id=NO_EOS,
-                                                                 cost=cost))
+                                                                 cut=cut))
             assert out == plain, (name, k)
             nfe[name] += st["nfe"]
             assert name != "steep" or max(st["rows"]) <= 3 * B   # the block alone (+ finished blocks)
     assert nfe["none"] == nfe["flat"] < nfe["steep"]             # no cost model: every copy verified
 
 
-def test_a_draft_is_cut_to_the_prefix_that_pays():
-    B = 4
-    d = speculate.Draft(pos=torch.tensor([1, 0, 3, 2, 5]), tokens=torch.tensor([5, 6, 7, 8, 9]),
-                        p_draft=torch.full((5, VOCAB), 0.9 / (VOCAB - 1)).index_put_(
-                            (torch.arange(5), torch.tensor([5, 6, 7, 8, 9])), torch.tensor(0.9)),
-                        tau=torch.arange(1, 6), per_block=[4, 1], mask_id=MASK_ID)
-    assert d.sized(lambda n: 1.0).per_block == [4, 1]                  # flat: every draft
-    assert d.sized(lambda n: float(n) ** 3).per_block == [0]           # steep: none
-    four = d.prefix(4)                                                 # the block, and the next one's start
-    assert four.per_block == [4, 0] and len(four.states(torch.full((B,), MASK_ID))) == 6
-
-
-def step_draft(step_end):
-    """Five drafts at 0.9 each: the open block's four, then the next block's first."""
-    return speculate.Draft(pos=torch.tensor([1, 0, 3, 2, 5]), tokens=torch.tensor([5, 6, 7, 8, 9]),
-                           p_draft=torch.full((5, VOCAB), 0.1 / (VOCAB - 1)).index_put_(
-                               (torch.arange(5), torch.tensor([5, 6, 7, 8, 9])), torch.tensor(0.9)),
-                           tau=torch.tensor([1, 1, 1, 1, 2]), per_block=[4, 1], mask_id=MASK_ID,
-                           step_end=step_end)
-
-
-def test_states_inside_a_drafter_step_are_the_first_a_cost_cuts():
-    """The drafter drafted the open block in one step: the target's step, which also reveals
-    several tokens at once, rarely stops inside it (INSIDE_STEP), so a cost that keeps two
-    states keeps the block's end and the next block's first draft, not the states between."""
-    B, cost = 4, (lambda n: 1.0 + 0.1 * n)
-    d = step_draft([False, False, False, True, True]).sized(cost)
-    assert d.keep == [3, 4] and d.per_block == [4, 1]
-    counts, parent, src = d.layout(B, B)
-    assert (counts, parent, src) == ([4, 0, 4, 3], [-1, -1, 1, 1], [0, 0, 0, 0, 2])
-    states = d.states(torch.full((B,), MASK_ID))
-    assert [int((s == MASK_ID).sum()) for s in states] == counts
-    assert states[1].tolist() == [6, 5, 8, 7] and states[3].tolist() == [MASK_ID, 9, MASK_ID, MASK_ID]
-    every = step_draft(None).sized(cost)                       # each draft its own step: a prefix
-    assert every.keep is None and every.per_block == [4, 1]
-    block = torch.full((B,), MASK_ID)                          # a walk that ended at a state cut
-    assert d.cut_at(block, 0, [6, 5, MASK_ID, MASK_ID]) and not d.cut_at(block, 0, [6, 7, MASK_ID, MASK_ID])
-    assert not d.cut_at(block, 1, [MASK_ID, 9, MASK_ID, MASK_ID]) and not every.cut_at(block, 0, [6, 5, 3, 3])
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_any_kept_set_of_states_is_laid_out_consistently(seed):
-    """Whatever drafts a round keeps, each copy's count is its masks, a later block's copies
-    continue the complete copy of the block before, and a draft is held from its src on."""
-    B, gen = 4, torch.Generator().manual_seed(seed)
-    sess, rule, block, pos = drafting(B)
-    d = speculate.draft(sess, block, pos, rule, 3 * B, lookahead=2)
-    n = len(d.pos)
-    keep = sorted(torch.randperm(n, generator=gen)[:int(torch.randint(0, n + 1, (1,), generator=gen))].tolist())
-    ends = {sum(d.per_block[:b + 1]) - 1 for b in range(len(d.per_block) - 1)}
-    keep = [i for i in keep if all(e in keep for e in ends if e < i)]   # (what value order keeps)
-    k = d.prefix(keep[-1] + 1 if keep else 0)
-    k.keep = keep
-    counts, parent, src = k.layout(B, B)
-    states = k.states(block)
-    assert [int((s == MASK_ID).sum()) for s in states] == counts
-    for c, p in enumerate(parent or [-1] * len(counts)):
-        assert p == -1 or (counts[p] == 0 and p < c)
-    blocks = []                                               # each copy's block, by its parent
-    for p in parent or [-1] * len(counts):
-        blocks.append(0 if p == -1 else blocks[p] + 1)
-    for i, (q, t) in enumerate(zip(k.pos.tolist(), k.tokens.tolist())):
-        holds = [c for c, b in enumerate(blocks) if b > q // B or b == q // B and states[c][q % B] == t]
-        assert min(holds, default=len(states)) == src[i] + 1
-
-
-@pytest.mark.parametrize("seed", [6, 8])
-@pytest.mark.parametrize("acceptance", ["paper", "gated"])
-def test_the_papers_rules_verify_every_drafted_state_whatever_a_cost_table_kept(acceptance, seed):
-    """The paper's and the gated rule read the state before each draft: a Draft whose cost table
-    kept only some states (the lossless walk's sizing) gives them what the whole draft gives.
-    (Prompts where the rules accept some drafts and reject one between two kept states.)"""
-    B = 4
-    target, drafter = pair(B)
-    rule, prompt = DecodeRule(MASK_ID, B), torch.tensor(tokens(2 * B, seed))
-    block, pos = torch.full((B,), MASK_ID), torch.arange(2 * B, 3 * B)
-    dsess = Session(drafter, B, 12 * B)
-    dsess.prefill(prompt)
-    d = speculate.draft(dsess, block, pos, rule, 2 * B, lookahead=1)
-    kept = copy.copy(d)
-    kept.keep = [B - 1, len(d.pos) - 1]                           # each block's end only
-    rules = dict(paper=accept_paper, gated=partial(accept_gated, gate=0.5))
-    got = []
-    for draft_ in (d, kept):
-        tsess = Session(target, B, 12 * B)
-        tsess.prefill(prompt)
-        round_ = copies_round(tsess, lambda f, r, d=draft_: d, rule, rules[acceptance])
-        adv, accepted, why = round_(Frontier(block, pos, B), 64)
-        got.append((adv.front.host, adv.front.step, accepted, why))
-    assert got[0] == got[1] and got[0][2] > 0
-
-
-def test_the_drafter_stops_where_its_drafts_would_not_be_verified():
-    """With the forward cost, draft stops once its newest drafts fall past the prefix worth
-    verifying: a flat cost (every draft pays) drafts what no cost drafts, a steep one (no
-    draft pays) stops after the drafter's first forward; what it drafted is the same prefix."""
-    B = 4
-    sess, rule, block, pos = drafting(B)
-    drafts = {name: speculate.draft(sess, block, pos, rule, 3 * B, lookahead=2, cost=cost)
-              for name, cost in (("none", None), ("flat", lambda n: 1.0), ("steep", lambda n: float(n) ** 3))}
-    assert torch.equal(drafts["flat"].pos, drafts["none"].pos) and drafts["none"].per_block == [B, B, B]
-    assert drafts["steep"].per_block == [1] and torch.equal(drafts["steep"].tokens, drafts["none"].tokens[:1])
-    tau, ends = drafts["none"].tau.tolist(), drafts["none"].step_end     # where each step ended
-    assert ends == [i + 1 == len(tau) or tau[i + 1] != tau[i] for i in range(len(tau))]
+def test_the_copies_are_cut_to_the_prefix_that_pays():
+    """fast.sized: the prefix with the most expected steps a second (chance: each copy's)."""
+    g = Guesses(torch.zeros(5, 4, dtype=torch.long), [4, 3, 2, 1, 0], None, [1.0, 0.9, 0.8, 0.1, 0.05])
+    assert len(fast.sized(g, lambda n: 1.0).counts) == 5                     # flat: every copy
+    assert len(fast.sized(g, lambda n: float(n) ** 3).counts) == 1           # steep: none
+    assert len(fast.sized(g, lambda n: 1.0 + 0.3 * n).counts) == 3           # 2.7 / 1.9 is the best
+    assert fast.sized(g, lambda n: 1.0 + 0.3 * n).chance == [1.0, 0.9, 0.8]
+    assert fast.cutter(None, None, 4) is None and len(fast.cutter(None, 9, 4)(g).counts) == 2
 
 
 def test_the_forward_cost_is_measured_and_grows_with_the_copies():

@@ -18,14 +18,14 @@ import torch
 
 import checkpoint
 import cli
-import drafts
+import variants as drafts
 import sample
-import simsd_paper
+import speculate
 from conftest import make_model
 from decode import DecodeRule, Frontier, generate
 from model import PRESETS
 from prepare import load_tasks
-from speculate import simsd_generate
+from variants import simsd as simsd_generate
 
 MASK_ID, VOCAB, NO_EOS = PRESETS["tiny"]["mask_token_id"], PRESETS["tiny"]["vocab_size"], -1
 RULES = {"static": dict(), "threshold": dict(strategy="low_confidence_dynamic", threshold=0.6),
@@ -133,23 +133,23 @@ def test_lookup_drafts_stop_at_a_disagreeing_token_and_after_a_block_with_a_stop
     rule, M = DecodeRule(MASK_ID, 4), MASK_ID
     context = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 10]            # 10 -> 11 12 ...
     d = drafts.lookup_draft(front([M, M, M, M], context), rule, 1, 2, frozenset())
-    assert d.tokens.tolist() == [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 10][:12]
-    assert d.per_block == [4, 4, 4] and d.pos.tolist() == list(range(12))
+    assert d.tokens == [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 10][:12]
+    assert d.pos == list(range(12))                                           # three blocks
     d = drafts.lookup_draft(front([M, M, 99, M], context), rule, 1, 2, frozenset())
-    assert d.tokens.tolist() == [11, 12] and d.per_block == [2]                # 99 is not 13
+    assert d.tokens == [11, 12] and d.pos == [0, 1]                            # 99 is not 13
     d = drafts.lookup_draft(front([M, M, 13, M], context), rule, 1, 2, frozenset())
-    assert d.pos.tolist()[:3] == [0, 1, 3]                                     # 13 agrees: skipped
+    assert d.pos[:3] == [0, 1, 3]                                              # 13 agrees: skipped
     d = drafts.lookup_draft(front([M, M, M, M], context), rule, 1, 2, frozenset({16}))
-    assert d.per_block == [4, 4]                                               # 16 ends block two
+    assert d.pos == list(range(8))                                             # 16 ends block two
     d = drafts.lookup_draft(front([M, M, M, M], [1, 2, 3]), rule, 1, 2, frozenset())
-    assert d.per_block == [0] and not len(d.pos)                               # no match
+    assert d.pos == [] == d.tokens                                             # no match
 
 
 def test_lookup_orders_the_open_blocks_drafts_by_the_last_forwards_confidence():
     rule, M = DecodeRule(MASK_ID, 4), MASK_ID
     hint = ([2, 0, 3, 1], [[0]] * 4, [[0.5]] * 4)
     d = drafts.lookup_draft(front([M, M, M, M], [5, 6, 7, 8, 9, 5], hint), rule, 1, 0, frozenset())
-    assert d.pos.tolist() == [2, 0, 3, 1] and d.tokens.tolist() == [8, 6, 9, 7]
+    assert d.pos == [2, 0, 3, 1] and d.tokens == [8, 6, 9, 7]
 
 
 @torch.no_grad()
@@ -161,13 +161,13 @@ def test_the_temporal_path_commits_the_targets_argmax_where_the_verifier_is_exac
     B = 4
     model = make_model(n_layer=1, block_size=B, seed=3)
     rule = DecodeRule(MASK_ID, B)
-    states, accept = [], simsd_paper.accept_temporal
+    states, accept = [], speculate.accept_temporal
 
-    def recorded(logits, block, d, rule, generator=None):
-        new, n = accept(logits, block, d, rule, generator)
-        states.append((block.clone(), d.pos[:n + 1].tolist() if n < len(d.pos) else None, new))
+    def recorded(logits, front, d, rule, generator=None):
+        new, n = accept(logits, front, d, rule, generator)
+        states.append((front.block.clone(), d.pos[:int(n) + 1] if n < len(d.pos) else None, new))
         return new, n
-    monkeypatch.setattr(simsd_paper, "accept_temporal", recorded)
+    monkeypatch.setattr(speculate, "accept_temporal", recorded)
     prompt = tokens(6, 70) * 2
     out, st = simsd_generate(model, None, prompt, 4 * B, rule, verifier="temporal", acceptance="paper",
                              reference=reference, eos_id=NO_EOS)

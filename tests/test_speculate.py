@@ -21,17 +21,33 @@ import pytest
 import torch
 
 import mask
-import simsd_paper
+import variants
+
 import speculate
-from decode import DecodeRule, Session, generate
+from decode import DecodeRule, Frontier, Session, generate
 from model import PRESETS
-from simsd_paper import accept_temporal as accept, verify_temporal as verify
-from speculate import Draft, simsd_generate
-from verify import Guesses, verify_copies, walk
+from speculate import Draft
+from variants import simsd as simsd_generate
+from verify import Guesses, tally, verify_copies, walk
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 VOCAB = PRESETS["tiny"]["vocab_size"]
 NO_EOS = -1     # an eos_id that never occurs: fixed-length output
+
+
+def front_of(block, pos):
+    """The round loop's frontier for `block` at positions `pos` (its host copy too)."""
+    return Frontier(block, pos, int((block == MASK_ID).sum()), block.tolist())
+
+
+def verify(sess, block, pos, d, rule, rope_copy=True):
+    return speculate.verify_temporal(sess, front_of(block, pos), d, rule, rope_copy)
+
+
+def accept(logits, block, d, rule, generator=None):
+    new, k = speculate.accept_temporal(logits, front_of(block, torch.arange(len(block))), d,
+                                       rule, generator)
+    return new, int(k)
 
 
 def assert_logits_close(actual, expected):
@@ -56,10 +72,9 @@ def random_round(B, n_known, n_drafted, seed):
     known, drafted = order[:n_known], order[n_known:n_known + n_drafted]
     block = torch.full((B,), MASK_ID)
     block[known] = torch.tensor(tokens(n_known, seed=seed + 1), dtype=torch.long)
-    d = Draft(pos=torch.tensor(drafted, dtype=torch.long),
-              tokens=torch.tensor(tokens(n_drafted, seed=seed + 2), dtype=torch.long),
+    d = Draft(pos=drafted, tokens=tokens(n_drafted, seed=seed + 2),
               p_draft=torch.full((n_drafted, VOCAB), 1.0 / VOCAB),
-              tau=torch.arange(1, n_drafted + 1))
+              tau=list(range(1, n_drafted + 1)))
     tau = {p: 0 for p in known}
     tau.update({p: k + 1 for k, p in enumerate(drafted)})
     return block, d, tau
@@ -89,7 +104,7 @@ def plain_slot_logits(model, seq, block, d):
     rows = []
     for k in range(len(d.pos) + 1):
         state = block.clone()
-        state[d.pos[:k]] = d.tokens[:k]                       # drafts with tau' < k + 1
+        state[d.pos[:k]] = torch.tensor(d.tokens[:k], dtype=torch.long)  # drafts, tau' < k + 1
         with torch.no_grad():
             logits = model(torch.tensor([seq + state.tolist()]))[0, start:start + B]
         if k < len(d.pos):
@@ -198,7 +213,7 @@ def test_verify_mask_follows_the_temporal_rules_for_a_deeper_target(
     # masked position once as a slot carrying its data token's position (RoPE copy)
     data = {p - start: t for t, p in zip(call["tokens"], call["pos"]) if t != MASK_ID}
     slots = [p - start for t, p in zip(call["tokens"], call["pos"]) if t == MASK_ID]
-    drafted = dict(zip(d.pos.tolist(), d.tokens.tolist()))
+    drafted = dict(zip(d.pos, d.tokens))
     assert data == {**{p: int(block[p]) for p in range(B) if block[p] != MASK_ID}, **drafted}
     assert sorted(slots) == [p for p in range(B) if block[p] == MASK_ID]
 
@@ -237,8 +252,7 @@ def test_greedy_accept_takes_the_matching_prefix_then_the_targets_correction():
     block = torch.tensor([MASK_ID, 5, MASK_ID, MASK_ID])
     target_argmax = [6, 7, 4]                    # the target's argmax at the slots of 2, 0, 3
     logits = torch.full((3, V), -5.0)
-    d = Draft(pos=torch.tensor([2, 0, 3]), tokens=torch.tensor([6, 7, 0]),
-              p_draft=torch.full((3, V), 1.0 / V), tau=torch.arange(1, 4))
+    d = Draft(pos=[2, 0, 3], tokens=[6, 7, 0], p_draft=torch.full((3, V), 1.0 / V), tau=[1, 2, 3])
     for row, tok in enumerate(target_argmax):
         logits[row, tok] = 5.0
     new, n_accepted = accept(logits, block, d, rule)
@@ -246,8 +260,7 @@ def test_greedy_accept_takes_the_matching_prefix_then_the_targets_correction():
     assert new.tolist() == [7, 5, 6, 4]           # the third slot gets the target's argmax
 
     # every draft accepted and a mask left: the bonus is the most confident undrafted slot
-    d2 = Draft(pos=torch.tensor([2]), tokens=torch.tensor([6]),
-               p_draft=torch.full((1, V), 1.0 / V), tau=torch.tensor([1]))
+    d2 = Draft(pos=[2], tokens=[6], p_draft=torch.full((1, V), 1.0 / V), tau=[1])
     logits2 = torch.full((3, V), -5.0)            # slots: drafted 2, undrafted 0 and 3
     logits2[0, 6], logits2[1, 4], logits2[2, 7] = 5.0, 2.0, 9.0
     new, n_accepted = accept(logits2, block, d2, rule)
@@ -279,10 +292,10 @@ def test_sampling_acceptance_reproduces_p_target():
     g = torch.Generator().manual_seed(0)
     n = 50_000
     drafts = torch.multinomial(P_DRAFT, n, replacement=True, generator=g)
-    block, pos, tau = torch.tensor([6]), torch.tensor([0]), torch.tensor([1])
+    block, listed = torch.tensor([6]), drafts.tolist()
     drawn, n_accepted = torch.empty(n, dtype=torch.long), 0
     for k in range(n):
-        new, a = accept(logits, block, Draft(pos, drafts[k:k + 1], P_DRAFT[None], tau), rule, g)
+        new, a = accept(logits, block, Draft([0], listed[k:k + 1], [1], P_DRAFT[None]), rule, g)
         drawn[k], n_accepted = new[0], n_accepted + a
     assert chi_square(drawn, P_TARGET) < CHI2_5DOF_ALPHA_0001
     # the test has power: the draft tokens themselves are far from p_target
@@ -324,7 +337,8 @@ def test_drafter_equal_to_a_one_layer_target_accepts_everything_and_decodes_plai
         prompt, max_new = tokens(prompt_len, seed=prompt_len), 3 * B
         plain, _ = generate(target, prompt, max_new, rule, eos_id=NO_EOS)
         out, stats = simsd_generate(target, drafter, prompt, max_new, rule, gamma=gamma,
-                                    eos_id=NO_EOS, draft_threshold=None, draft_stop=None, **variant)
+                                    draft_steps=gamma, eos_id=NO_EOS, draft_threshold=None,
+                                    draft_stop=None, **variant)
         assert out == plain and len(set(out)) > 2
         rounds = drafted_per_round(B, prompt_len % B, max_new, gamma)
         assert stats["accept_hist"] == dict(sorted(Counter(rounds).items()))
@@ -349,18 +363,20 @@ def run_recorded(monkeypatch, target, drafter, prompt, max_new, **kwargs):
     committed length of the target session, the drafts and the number accepted."""
     rounds = []
 
-    def spy_verify(sess, block, pos, d, rule, rope_copy=True):
-        logits = verify(sess, block, pos, d, rule, rope_copy)
-        rounds.append(dict(block=block.clone(), pos=pos.clone(), d=d, logits=logits,
+    real_verify, real_accept = speculate.verify_temporal, speculate.accept_temporal
+
+    def spy_verify(sess, front, d, rule, rope_copy=True):
+        logits = real_verify(sess, front, d, rule, rope_copy)
+        rounds.append(dict(block=front.block.clone(), pos=front.pos.clone(), d=d, logits=logits,
                            committed=sess.committed))
         return logits
 
-    def spy_accept(logits, block, d, rule, generator=None):
-        new, n = accept(logits, block, d, rule, generator)
-        rounds[-1].update(accepted=n, drafted=len(d.pos))
+    def spy_accept(logits, front, d, rule, generator=None):
+        new, n = real_accept(logits, front, d, rule, generator)
+        rounds[-1].update(accepted=int(n), drafted=len(d.pos))
         return new, n
-    monkeypatch.setattr(simsd_paper, "verify_temporal", spy_verify)   # where temporal_round looks
-    monkeypatch.setattr(simsd_paper, "accept_temporal", spy_accept)   # them up
+    monkeypatch.setattr(speculate, "verify_temporal", spy_verify)   # where temporal_round looks
+    monkeypatch.setattr(speculate, "accept_temporal", spy_accept)   # them up
     kwargs = dict(dict(verifier="temporal", acceptance="paper", draft_threshold=None,
                        draft_stop=None), **kwargs)
     out, stats = simsd_generate(target, drafter, prompt, max_new, **kwargs)
@@ -411,15 +427,15 @@ def test_position_order_verifies_left_to_right(tiny_model, monkeypatch):
     drafter = tiny_model(n_layer=1, block_size=B, seed=5)
     _, _, rounds = run_recorded(monkeypatch, target, drafter, tokens(3, seed=6), 10,
                                 order="position", eos_id=NO_EOS)
-    assert all(torch.equal(r["d"].pos, r["d"].pos.sort().values) for r in rounds)
+    assert all(r["d"].pos == sorted(r["d"].pos) for r in rounds)
     _, _, rounds = run_recorded(monkeypatch, target, drafter, tokens(3, seed=6), 10,
                                 eos_id=NO_EOS)
-    assert any(not torch.equal(r["d"].pos, r["d"].pos.sort().values) for r in rounds)
+    assert any(r["d"].pos != sorted(r["d"].pos) for r in rounds)
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(gamma=-1), "gamma must be >= 1"),
-    (dict(gamma=0), "gamma must be >= 1"),
+    (dict(gamma=-1), "gamma and --draft-steps must be >= 1"),
+    (dict(gamma=0), "gamma and --draft-steps must be >= 1"),
     (dict(order="random"), "order must be 'tau' or 'position'"),
 ], ids=["gamma=-1", "gamma=0", "order"])
 def test_bad_settings_raise(tiny_model, kwargs, message):
@@ -506,9 +522,10 @@ def test_gated_acceptance_takes_sure_drafts_then_the_targets_own_step():
     B, V = 4, 8
     rule = DecodeRule(MASK_ID, B)
     block = torch.full((B,), MASK_ID)
-    d = Draft(pos=torch.tensor([2, 0]), tokens=torch.tensor([6, 7]),
-              p_draft=torch.full((2, V), 1.0 / V), tau=torch.tensor([1, 2]))
-    copies = d.states(block)
+    d = Draft(pos=[2, 0], tokens=[6, 7], p_draft=torch.full((2, V), 1.0 / V), tau=[1, 2])
+    front = front_of(block, torch.arange(B))
+    g = speculate.drafted_states(front, d, 0, frozenset(), MASK_ID)
+    copies = g.copies
     assert copies.tolist() == [[MASK_ID] * 4, [MASK_ID, MASK_ID, 6, MASK_ID], [7, MASK_ID, 6, MASK_ID]]
 
     def row(tok, p):  # logits whose softmax puts p on tok and spreads the rest evenly
@@ -518,11 +535,13 @@ def test_gated_acceptance_takes_sure_drafts_then_the_targets_own_step():
     logits = torch.stack([torch.stack([row(7, 0.5), row(4, 0.99), row(6, 0.95), row(5, 0.5)]),
                           torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)]),
                           torch.stack([row(7, 0.5), row(4, 0.6), row(6, 0.95), row(5, 0.97)])])
-    packed, counts = logits[copies == MASK_ID], (copies == MASK_ID).sum(-1).tolist()  # as verified
-    new, accepted, steps, why, _ = simsd_paper.accept_gated(packed, copies, counts, d, 0, rule, gate=0.9)
-    assert (accepted, steps, why) == (1, 2, "target unsure") and new.tolist() == [MASK_ID, MASK_ID, 6, 5]
-    new, accepted, steps, why, _ = simsd_paper.accept_paper(packed, copies, counts, d, 0, rule)
-    assert (accepted, steps) == (2, 3) and new.tolist() == [7, MASK_ID, 6, 5]
+    packed = logits[copies == MASK_ID]                                # as verified
+    for how, accepted, step, why, new in (("gated", 1, 2, "target unsure", [MASK_ID, MASK_ID, 6, 5]),
+                                          ("paper", 2, 3, "every draft accepted", [7, MASK_ID, 6, 5])):
+        stats = Counter()
+        adv = variants.on_copies(how, gate=0.9)(packed, g, d, front, rule, None, stats)
+        assert stats == Counter({("accepted", accepted): 1, ("end", why): 1}), how
+        assert (adv.front.step, adv.front.host, adv.done) == (step, new, []), how
 
 
 @pytest.mark.parametrize("rule_kw, next_at_copy_2, expected", [
@@ -539,9 +558,10 @@ def test_lossless_acceptance_counts_the_deepest_drafted_state_walked_to(rule_kw,
     it steps once more, to the full block)."""
     B, V = 4, 8
     rule = DecodeRule(MASK_ID, B, **rule_kw)
-    d = Draft(pos=torch.tensor([2, 0, 1]), tokens=torch.tensor([6, 7, 5]),
-              p_draft=torch.full((3, V), 1.0 / V), tau=torch.tensor([1, 2, 3]))
-    copies = d.states(torch.full((B,), MASK_ID))
+    d = Draft(pos=[2, 0, 1], tokens=[6, 7, 5], p_draft=torch.full((3, V), 1.0 / V), tau=[1, 2, 3])
+    g = speculate.drafted_states(front_of(torch.full((B,), MASK_ID), torch.arange(B)), d, 0,
+                                 frozenset(), MASK_ID)               # the lossless round's guesses
+    copies = g.copies
 
     def row(tok, p):  # logits whose softmax puts p on tok and spreads the rest evenly
         r = torch.full((V,), math.log((1 - p) / (V - 1)))
@@ -551,14 +571,14 @@ def test_lossless_acceptance_counts_the_deepest_drafted_state_walked_to(rule_kw,
     second = torch.stack([row(7, 0.95), row(next_at_copy_2, 0.97), row(6, 0.95), row(4, 0.5)])
     logits = torch.stack([first, first, second, second])           # the target at copies 0..3
     packed, counts = logits[copies == MASK_ID], (copies == MASK_ID).sum(-1).tolist()
-    g = d.guesses(torch.full((B,), MASK_ID), B)                    # the lossless round's guesses
-    assert torch.equal(g.copies, copies) and g.counts == counts and g.parent is None and g.data is d
+    assert g.counts == counts and g.parent is None and g.held == [0, 1, 2, 3]
     w = walk(packed, g, 0, rule)                                   # the lossless acceptance: the walk
-    accepted, drafted = speculate.accepted(g, w)
-    assert drafted == 3 and w.crossed == []
+    stats = Counter()
+    tally(stats, g, w)
+    assert w.crossed == []
     steps, new = len(w.path), w.path[-1][1]                        # no block crossed: all in this one
     assert new.tolist() == w.host
-    why = "every draft accepted" if accepted == drafted else "target chose otherwise"   # as simsd_generate
+    (accepted,), (why,) = ([k[1] for k in stats if k[0] == kind] for kind in ("accepted", "end"))
     assert (accepted, steps, why, new.tolist()) == expected
 
 
@@ -592,33 +612,37 @@ def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
     tsess = Session(FixedLogits(p_target, mask_id), B, 8 * B)
     dsess = Session(FixedLogits(p_draft, mask_id), B, 8 * B)
     block, pos, g = torch.full((B,), mask_id), torch.arange(B), torch.Generator().manual_seed(0)
-    first, second, drafted = [], [], []
+    front, first, second, drafted = Frontier(block, pos, B, [mask_id] * B), [], [], []
+    accept = variants.on_copies("paper")
     for _ in range(6000):
-        d = speculate.draft(dsess, block, pos, rule, 2, generator=g)
-        copies = d.states(block)
-        counts = (copies == mask_id).sum(-1).tolist()
-        logits = verify_copies(tsess, Guesses(copies, counts), pos)
-        new, accepted, _, _, _ = simsd_paper.accept_paper(logits, copies, counts, d, 0, rule, g)
-        first.append(int(new[0])), drafted.append(int(d.tokens[0]))
+        d = speculate.draft(dsess, front, rule, 2, 0, None, None, 2, frozenset(), g)
+        guesses = speculate.drafted_states(front, d, 0, frozenset(), mask_id)
+        logits = verify_copies(tsess, guesses, pos)
+        new = accept(logits, guesses, d, front, rule, g, Counter()).front.host
+        first.append(new[0]), drafted.append(d.tokens[0])
         if new[1] != mask_id:                          # position 1 was decided this round too
-            second.append(int(new[1]))
-    assert d.pos.tolist() == [0, 1]                    # the drafter's most confident first
+            second.append(new[1])
+    assert d.pos == [0, 1]                             # the drafter's most confident first
     critical = 13.816                                  # chi-square, 2 dof, alpha = 0.001
     assert chi_square(torch.tensor(first), p_target[0]) < critical
     assert chi_square(torch.tensor(second), p_target[1]) < critical and len(second) > 2000
     assert chi_square(torch.tensor(drafted), p_target[0]) > critical   # the test has power
 
 
-def test_adaptive_drafting_drafts_several_a_forward_and_stops_when_unsure(tiny_model):
+def test_the_drafter_drafts_several_a_step_and_stops_when_unsure(tiny_model):
+    """A fixed number of drafter forwards a round (every decision on the device): one token a
+    step, or every one above draft_threshold at once, never past gamma, none once its best
+    confidence left is below draft_stop."""
     B = 8
     drafter = tiny_model(n_layer=1, block_size=B, seed=3)
-    rule, block, pos = DecodeRule(MASK_ID, B), torch.full((B,), MASK_ID), torch.arange(B)
-    for kw, forwards, drafted in ((dict(), B, B), (dict(draft_threshold=1e-9), 1, B),
-                                  (dict(draft_stop=1.0), 1, 1), (dict(), 3, 3)):
+    rule, front = DecodeRule(MASK_ID, B), front_of(torch.full((B,), MASK_ID), torch.arange(B))
+    for steps, threshold, stop, gamma, drafted, last_tau in (
+            (B, None, None, B, B, B), (B, 1e-9, None, B, B, 1), (2, 1e-9, None, 3, 3, 1),
+            (B, None, 1.0, B, 1, 1), (3, None, None, B, 3, 3)):
         sess = Session(drafter, B, 4 * B)
-        d = speculate.draft(sess, block, pos, rule, drafted if forwards == 3 else B, **kw)
-        assert (sess.nfe, len(d.pos)) == (forwards, drafted), kw
-        assert d.tau.tolist() == sorted(d.tau.tolist()) and len(set(d.pos.tolist())) == drafted
+        d = speculate.draft(sess, front, rule, steps, 0, threshold, stop, gamma, frozenset())
+        assert (sess.nfe, len(d.pos), d.tau[-1]) == (steps, drafted, last_tau), steps
+        assert d.tau == sorted(d.tau) and len(set(d.pos)) == drafted
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -1,0 +1,83 @@
+"""The speed devices (fast.py) against the core they wrap, on tiny random models, CPU, fp32:
+the same tokens and the same forwards, query rows and stats, with fewer host syncs.
+
+- fast.walk (one host sync a round for a rule that draws nothing) in Spiffy and SimSD,
+  greedy and sampled, every strategy, across the block boundary;
+- fast.static_shapes (the code compile_static compiles, run uncompiled: queries padded to a
+  power of two of rows) for plain decoding, SimSD (copies and temporal) and Spiffy.
+(fast.cutter changes which copies are verified, so forwards move by design: its tokens are
+tested in tests/test_lookahead.py; compile_dynamic's in tests/test_compile.py.)
+
+Run: python -m pytest tests/test_fast.py -q
+"""
+import pytest
+import torch
+
+import fast
+from conftest import make_model
+from decode import DecodeRule, generate
+from model import PRESETS, Transformer
+from speculate import simsd_generate
+from spiffy import calibrate, spiffy_generate
+from test_lookahead import pair
+from test_syncs import SyncCounter
+
+MASK_ID, NO_EOS = PRESETS["tiny"]["mask_token_id"], -1
+RULES = {"static": dict(), "threshold": dict(strategy="low_confidence_dynamic", threshold=0.6),
+         "random": dict(strategy="random"), "entropy": dict(strategy="entropy_bounded", eb_threshold=0.5)}
+KEYS = ("nfe", "nfe_draft", "rows", "rows_draft", "accept_hist", "round_ends", "steps_per_forward",
+        "nodes_per_forward", "blocks_ahead", "stop")
+
+
+def prompt(n):
+    return torch.randint(4, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+
+
+def counts(stats):
+    return {k: stats[k] for k in KEYS if k in stats}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("rule_name", list(RULES))
+def test_the_one_sync_walk_changes_no_token_and_no_count(rule_name, temperature, monkeypatch):
+    B = 4
+    target, drafter = pair(B)           # a drafter that mostly agrees: walks go past drafts
+    rule = DecodeRule(MASK_ID, B, temperature=temperature, **RULES[rule_name])
+    graph = calibrate(target, [prompt(5), prompt(11)], DecodeRule(MASK_ID, B, **RULES[rule_name]), 16)
+    fewer = 0
+    for n in (3, 9, 14):
+        for run in (lambda **kw: spiffy_generate(target, prompt(n), 32, rule, graph, eos_id=NO_EOS, **kw),
+                    lambda **kw: simsd_generate(target, drafter, prompt(n), 32, rule, eos_id=NO_EOS, **kw)):
+            runs = []
+            for walk in (None, fast.walk):
+                with SyncCounter(monkeypatch) as syncs:
+                    out, st = run(generator=torch.Generator().manual_seed(n),
+                                  **({} if walk is None else dict(walk=walk)))
+                runs.append((out, counts(st), syncs.count))
+            (core, core_counts, core_syncs), (quick, quick_counts, quick_syncs) = runs
+            assert quick == core and quick_counts == core_counts
+            assert quick_syncs <= core_syncs
+            fewer += quick_syncs < core_syncs
+    assert fewer or not fast.stateless(rule), "vacuous: the one-sync walk saved no sync"
+
+
+@pytest.mark.parametrize("method", ["plain", "simsd", "simsd-temporal", "spiffy"])
+def test_static_shapes_change_no_token_and_no_count(method):
+    B = 4
+    rule = DecodeRule(MASK_ID, B, strategy="low_confidence_dynamic", threshold=0.6)
+    models = [(make_model(block_size=B), make_model(n_layer=1, block_size=B, seed=5)) for _ in range(2)]
+    for m in models[1]:
+        fast.static_shapes(m, Transformer.trunk)
+    graph = calibrate(models[0][0], [prompt(5), prompt(11)], rule, 16)
+    for n in (3, 9, 13):
+        got = []
+        for target, drafter in models:
+            if method == "plain":
+                out, st = generate(target, prompt(n), 20, rule, eos_id=NO_EOS)
+            elif method == "spiffy":
+                out, st = spiffy_generate(target, prompt(n), 20, rule, graph, eos_id=NO_EOS)
+            else:
+                out, st = simsd_generate(target, drafter, prompt(n), 20, rule, eos_id=NO_EOS,
+                                         verifier="temporal" if method == "simsd-temporal" else "copies")
+            got.append((out, counts(st)))
+        assert got[0] == got[1], n

@@ -1,0 +1,221 @@
+"""SimSD's variants, which the command lines compose with speculate.simsd_generate: two sources
+of drafts that need no drafter, and the acceptance ablations on block copies.
+
+The SimSD paper takes its reference tokens "either from a smaller draft model, or from
+previously decoded trajectories". Two of the second kind, proposers (front, ahead) -> Draft
+that run no forward of their own:
+  trajectory  the target's own last forward: at the open block's state, its most likely token
+              at every masked position, revealed in its own confidence order (the threshold
+              rule's first step at once, then one a step). Read off the ranks the last walk
+              brought back (Frontier.hint; `ranked` is the walk's extra that makes them).
+  lookup      prompt-lookup decoding's n-gram match: the most recent earlier occurrence, in the
+              prompt and the text decoded so far (Frontier.context), of the last n tokens
+              before the open block's first mask, and the tokens that followed it, on into
+              later blocks. No match: nothing proposed, and the round is a plain step.
+Both propose fixed tokens, a point proposal: p_draft is one-hot where the paper's acceptance
+reads it (`point`), and the lossless walk never reads it.
+
+The acceptance ablations on the drafter's states as exact block copies (not lossless):
+"paper" accepts along the draft order while the target agrees (greedy match, or speculative
+sampling with the residual); "gated" only where the target is also sure of that position in
+that state, else the target's own step ends the round (docs/results.md: what loses answers at
+large B is the ORDER the drafter reveals positions in).
+"""
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+from decode import (Advance, DecodeRule, Frontier, packed_index, stop_ids,
+                    to_device, to_host)
+from speculate import Draft, agree, correct, simsd_generate
+from verify import first_true, no_extra
+
+LOOKUP_N = 3          # the longest n-gram lookup matches (docs/results.md: by measurement)
+LOOKUP_MIN_N = 3      # the shortest
+LOOKUP_CHANCE = (0.3, 0.85)   # lookup's guess that its first token is kept, and each next one
+                              # after it (fast.sized only; docs/lookup_keep.py: 0.12-0.57, 0.4-0.93)
+GATE = 0.9   # gated acceptance: the target confidence it accepts at
+REFERENCES, ACCEPTS = ("drafter", "trajectory", "lookup"), ("paper", "gated", "lossless")
+
+
+def trajectory(front, rule, ahead):
+    """The target's trajectory from the open block's state, read off front.hint (the ranks of
+    the last forward at this state: positions by confidence, each one's best token and its
+    probability). A state no forward has seen (a new block) proposes nothing."""
+    if not front.hint:
+        return Draft([], [], [])
+    order, tok, p = front.hint
+    m = front.n_masked
+    first = sum(p[i][0] > rule.threshold for i in range(m)) if rule.strategy == \
+        "low_confidence_dynamic" else 1                      # the threshold rule's first step
+    chance = [p[0][0]]
+    for i in range(1, m):
+        chance.append(chance[-1] * p[i][0])
+    return Draft(order[:m], [tok[i][0] for i in range(m)],
+                 [max(1, i + 2 - max(first, 1)) for i in range(m)], None, chance)
+
+
+def lookup(context, n, want):
+    """Prompt lookup: the (at most `want`) tokens that followed the most recent earlier
+    occurrence of context's last n tokens; [] if they never occurred before."""
+    key = context[len(context) - n:]
+    for s in range(len(context) - n - 1, -1, -1) if len(context) > n else ():
+        if context[s:s + n] == key:
+            return context[s + n:s + n + want]
+    return []
+
+
+def lookup_draft(front, rule, n, ahead, stops, hinted=True):
+    """The lookup proposal for the open block, then up to `ahead` later blocks: the tokens
+    that followed the last match of the n tokens before the block's first mask, position by
+    position, up to a known position that holds another token, or past a block that holds a
+    stop id. The open block's drafts in the order of the last forward's confidence
+    (front.hint, when hinted and there is one), else left to right."""
+    B, mask, state = rule.block_size, rule.mask_id, front.host
+    lead = next((i for i, t in enumerate(state) if t == mask), B)
+    guess = lookup(list(front.context) + state[:lead], n, B - lead + ahead * B)
+    full, pos = state[:lead], []
+    for p, t in enumerate(guess, lead):
+        if p < B and state[p] != mask and state[p] != t:     # the match broke
+            break
+        if p % B == 0 and p and stops.intersection(full[p - B:p]):
+            break
+        full.append(t)
+        if p >= B or state[p] == mask:
+            pos.append(p)
+    if hinted and front.hint:                                # the open block by confidence
+        rank = {q: r for r, q in enumerate(front.hint[0])}
+        inside = [p for p in pos if p < B]
+        pos = sorted(inside, key=rank.get) + pos[len(inside):]
+    chance = [LOOKUP_CHANCE[0] * LOOKUP_CHANCE[1] ** i for i in range(len(pos))]
+    return Draft(pos, [full[p] for p in pos], list(range(1, len(pos) + 1)), None, chance)
+
+
+def point(d, vocab, device):
+    """d with one-hot p_draft (a point proposal), as the paper's acceptance reads it."""
+    return replace(d, p_draft=F.one_hot(to_device(d.tokens, device), vocab).float())
+
+
+def ranked(rule):
+    """The walk's `extra` for the drafter-free sources: each new state's positions by the
+    confidence of their best token under the logits it was stepped from (masked ones first),
+    each one's best token and its confidence ((..., B), (..., B, 1), (..., B, 1): spiffy.ranks'
+    shapes, in one pass over the logits: DecodeRule.best)."""
+    def extra(logits, copies, states):
+        tokens, conf = rule.best(logits)
+        at = packed_index(copies, rule.mask_id)                    # (..., B): each one's row
+        conf = conf[at].masked_fill(states != rule.mask_id, -1.0)
+        order = conf.sort(dim=-1, descending=True, stable=True).indices
+        return order, tokens[at].gather(-1, order)[..., None], conf.gather(-1, order)[..., None]
+    return extra
+
+
+def on_copies(accept_rule, gate=GATE):
+    """An acceptance ablation as simsd_generate's `accept`: accept_rule ("paper" or "gated") on
+    the logits of the drafter's states as block copies (every drafted state verified). ->
+    accept(logits, guesses, draft, front, rule, generator, stats) -> decode.Advance."""
+    def accept(logits, g, d, front, rule, generator, stats):
+        src = [g.held.index(k + 1) - 1 for k in range(len(d.pos))]   # the state draft k was
+        at = [p % g.copies.shape[1] for p in d.pos]                   # drafted in, and where
+        p_target = rule.probs(logits[packed_index(g.copies, rule.mask_id)[
+            to_device(src, g.copies.device), to_device(at, g.copies.device)]])
+        ok = agree(p_target, d, rule, generator)
+        sure = target_sure(logits, g.copies, d, src, rule, gate) if accept_rule == "gated" else ok
+        k, sure = map(int, to_host(first_true(~(ok & sure)), first_true(~sure)))
+        c = src[k] if k < len(src) else len(g.counts) - 1
+        crossed, taken = ended_in(g.parent, c)
+        block, steps = g.copies[c].clone(), taken
+        if k < len(src) and k < sure or k < len(src) and accept_rule == "paper":  # rejected:
+            block[d.pos[k] % len(block)] = correct(p_target[k], d.p_draft[k], rule, generator)
+            why, steps = "draft rejected", taken + 1                       # the correction
+        else:                       # every draft accepted, or the target unsure: its own step
+            why = "every draft accepted" if k == len(src) else "target unsure"
+            if g.counts[c]:
+                at = front.step + taken if not crossed else taken
+                block = rule(logits.split(g.counts)[c], g.copies[c], at, generator)
+                steps += 1
+        copies, host = to_host(g.copies, block)
+        stats["accepted", k] += 1
+        stats["end", why] += 1
+        step = steps if crossed else front.step + steps
+        pos = front.pos + rule.block_size * len(crossed)
+        return Advance([(g.copies[j], copies[j], j) for j in crossed], Frontier(
+            block, pos, host.count(rule.mask_id), host, step))
+    return accept
+
+
+def target_sure(logits, copies, d, src, rule, gate):
+    """(n,) bool: the target is sure of draft k's position in the state it was drafted in: it
+    is the target's most confident masked position there, or its confidence is above gate."""
+    B, pos = copies.shape[1], to_device(d.pos, copies.device) % copies.shape[1]
+    top = rule.top_confidence(logits)[packed_index(copies, rule.mask_id)]    # (m, B)
+    top = top.masked_fill(copies != rule.mask_id, -1.0)[to_device(src, copies.device)]
+    return (top.argmax(-1) == pos) | (top[torch.arange(len(pos), device=pos.device), pos] > gate)
+
+
+def ended_in(parent, c):
+    """A round that ends in copy c: the complete copies of the blocks it went past, and the
+    drafts it took in c's own block (host ints)."""
+    crossed, a = [], c
+    while parent is not None and parent[a] >= 0:
+        a = parent[a]
+        crossed.insert(0, a)
+    return crossed, c - (parent[c] + 1 if parent else 0)
+
+
+def simsd(target, drafter, prompt, max_new_tokens=64, rule=None, acceptance="lossless",
+          reference="drafter", lookup_n=LOOKUP_N, gate=GATE, **kw):
+    """speculate.simsd_generate with the command lines' names: acceptance ("lossless", or on
+    copies "paper" or "gated"; the temporal verifier's is always the paper's), reference
+    ("drafter", "trajectory", or "lookup" up to lookup_n-grams: no drafter)."""
+    temporal = kw.get("verifier") == "temporal"
+    check(temporal, acceptance, reference, lookup_n, gate)
+    check_drafter(reference, drafter, target.config)
+    rule = rule or DecodeRule(target.config.mask_token_id, target.config.block_size)
+    stops, device = stop_ids(target.config, kw.get("eos_id")), target.embed.weight.device
+    if reference == "trajectory":
+        kw["propose"] = lambda front, ahead: trajectory(front, rule, ahead)
+    elif reference == "lookup":
+        kw["propose"] = lambda front, ahead: lookup_draft(front, rule, lookup_n, ahead, stops,
+                                                          hinted=not temporal)
+    if reference != "drafter":
+        kw["extra"] = no_extra if reference == "lookup" and temporal else ranked(rule)
+    if reference != "drafter" and temporal:
+        source, vocab = kw["propose"], target.config.vocab_size
+        kw["propose"] = lambda front, ahead: point(source(front, ahead), vocab, device)
+    if acceptance in ("paper", "gated") and not temporal:
+        kw["accept"] = on_copies(acceptance, gate)
+    out, stats = simsd_generate(target, drafter, prompt, max_new_tokens, rule, **kw)
+    return out, dict(stats, reference=reference)
+
+
+def check(temporal, acceptance, reference, lookup_n, gate):
+    """Refuse the variants' settings that are unknown or that cannot go together."""
+    if reference not in REFERENCES:
+        raise ValueError(f"unknown --reference {reference!r}; choose from {', '.join(REFERENCES)}")
+    if acceptance not in ACCEPTS:
+        raise ValueError(f"unknown acceptance rule (--accept) {acceptance!r}; choose from "
+                         f"{', '.join(ACCEPTS)}")
+    if temporal and acceptance != "paper":
+        raise ValueError(f"--verify temporal needs --accept paper (not {acceptance}): the temporal "
+                         "mask gives no exact logits of the whole block at a drafted state")
+    if reference != "drafter" and acceptance in ("paper", "gated") and not temporal:
+        raise ValueError(f"--reference {reference} runs --verify copies --accept lossless or "
+                         f"--verify temporal --accept paper, not --accept {acceptance} on copies")
+    if type(lookup_n) is not int or lookup_n < 1:
+        raise ValueError(f"--lookup-n must be an integer >= 1, got {lookup_n!r}")
+    if gate is not None and not 0 < gate <= 1:
+        raise ValueError(f"gate must be in (0, 1], got {gate}")
+
+
+def check_drafter(reference, drafter, config):
+    """A drafter exactly when the reference is one, and of the target's vocabulary."""
+    if reference == "drafter" and drafter is None:
+        raise ValueError("--reference drafter needs a drafter (or choose --reference trajectory "
+                         "or lookup: no second model)")
+    if reference != "drafter" and drafter is not None:
+        raise ValueError(f"a drafter was given with --reference {reference}, which needs none")
+    if drafter is not None and (drafter.config.mask_token_id, drafter.config.vocab_size) != (
+            config.mask_token_id, config.vocab_size):
+        raise ValueError("drafter and target differ in vocabulary size or mask token id")

@@ -19,7 +19,7 @@ import mask as masks
 import fast
 from decode import EB_THRESHOLD, STRATEGIES, DecodeRule, Session
 import variants
-from speculate import DRAFT_STEPS, DRAFT_STOP, DRAFT_THRESHOLD, LOOKAHEAD, check_settings
+from speculate import DRAFT_STOP, DRAFT_THRESHOLD, LOOKAHEAD, check_settings
 from variants import ACCEPTS, GATE, LOOKUP_N, REFERENCES
 from spiffy import DRAFT_BUDGET
 from tokenizer import check_same_tokenizer, load_tokenizer
@@ -213,7 +213,7 @@ def verified_blocks(block_size, max_rows):
 @torch.no_grad()
 def warm_buckets(model, B, max_blocks, kinds=("plain",)):
     """A forward of each graph decoding can reach. Static shapes: one graph a query-row bucket,
-    whatever the mask (mask.padded): 1, 2, 4, ... blocks, up to the one max_blocks needs.
+    whatever the mask (fast.padded): 1, 2, 4, ... blocks, up to the one max_blocks needs.
     Dynamic shapes: one graph a mask kind (plain, copies, copies of the next block, temporal),
     whatever the length: one forward of three blocks each."""
     mask_id, device = model.config.mask_token_id, model.embed.weight.device
@@ -229,6 +229,16 @@ def warm_buckets(model, B, max_blocks, kinds=("plain",)):
         tokens = torch.full((n * B,), mask_id, device=device)
         sess.committed = B
         sess.forward(tokens, torch.arange(B, B + len(tokens), device=device), mask_of[kind], keep=B)
+
+
+def describe(rule):
+    """A DecodeRule in words, for summary lines: "threshold rule 0.9, B=4, greedy"."""
+    name = {"low_confidence_dynamic": f"threshold rule {rule.threshold:g}",
+            "low_confidence_static": "one token a step" if rule.steps == rule.block_size
+            else f"{rule.steps} steps a block",
+            "entropy_bounded": f"entropy_bounded {rule.eb_threshold:g}"}.get(rule.strategy, rule.strategy)
+    sampled = f", temperature {rule.temperature:g}" if rule.temperature else ", greedy"
+    return f"{name}, B={rule.block_size}{sampled}"
 
 
 def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
@@ -443,7 +453,7 @@ def simsd_flags(ap, variants=True):
     g.add_argument("--gate", type=float, default=None,
                    help=f"gated acceptance: the target confidence to accept at (default {GATE})")
     g.add_argument("--draft-steps", type=int, default=None,
-                   help=f"drafter forwards a round, every decision on the device (default {DRAFT_STEPS})")
+                   help="drafter forwards a round, every decision on the device (default 3 at B = 4, else 1)")
     g.add_argument("--draft-threshold", type=float, default=None,
                    help=f"the drafter also drafts every position above this confidence (default {DRAFT_THRESHOLD})")
     g.add_argument("--draft-stop", type=float, default=None,

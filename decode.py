@@ -79,46 +79,23 @@ class DecodeRule:
         self.quota = [base + (s < extra) for s in range(self.steps)]
 
 
-    def describe(self):
-        """In words, for summary lines: "threshold rule 0.9, B=4"."""
-        name = {"low_confidence_dynamic": f"threshold rule {self.threshold:g}",
-                "low_confidence_static": "one token a step" if self.steps == self.block_size
-                else f"{self.steps} steps a block",
-                "entropy_bounded": f"entropy_bounded {self.eb_threshold:g}"
-                }.get(self.strategy, self.strategy)
-        sampled = f", temperature {self.temperature:g}" if self.temperature else ", greedy"
-        return f"{name}, B={self.block_size}{sampled}"
-    def read(self, logits, what):
-        """What the decoders read from one forward's (n, V) logits, each computed once, when
-        first asked for, and kept while `logits` is the same unchanged tensor (the rule, the
-        walk's hint, Spiffy's ranks and the drafter read the same forward's):
-          scaled   fp32 logits / temperature
-          lse      their logsumexp over the whole vocabulary: SDAR's confidence is exp(scaled - lse)
-          no_mask  scaled, the mask token's at -inf (revealing a mask would reveal nothing)
-          probs    the distribution tokens are drawn from: no_mask, then top-k and top-p"""
-        if torch.compiler.is_compiling():   # one graph shares the work itself, and the memo's
-            return getattr(self, "_" + what)(logits)   # checks would break it in 9 (tested)
-        memo = self.__dict__.get("_memo")
-        if memo is None or memo["of"] is not logits or memo["version"] != logits._version:
-            memo = self.__dict__["_memo"] = dict(of=logits, version=logits._version)
-        if what not in memo:
-            memo[what] = getattr(self, "_" + what)(logits)
-        return memo[what]
-
-    def _scaled(self, logits):
+    def scaled(self, logits):
+        """fp32 logits / temperature: SDAR's confidence is their softmax over the whole
+        vocabulary, mask token included."""
         scaled = logits.float()
         return scaled / self.temperature if self.temperature not in (0, 1) else scaled
 
-    def _lse(self, logits):
-        return self.read(logits, "scaled").logsumexp(-1)
-
-    def _no_mask(self, logits):
-        scaled = self.read(logits, "scaled").clone()
+    def no_mask(self, logits):
+        """scaled, the mask token's at -inf (revealing a mask would reveal nothing)."""
+        scaled = self.scaled(logits).clone()
         scaled[..., self.mask_id] = -math.inf    # (a scalar index: no host-to-device copy)
         return scaled
 
-    def _probs(self, logits):
-        logits = self.read(logits, "no_mask")    # (never changed in place below)
+    def probs(self, logits):
+        """(n, V) logits -> (n, V) fp32 distribution tokens are drawn from: temperature, the
+        mask token removed, then top-k and top-p. A row's softmax is its own: probs(x)[rows]
+        is probs(x[rows]) to the bit."""
+        logits = self.no_mask(logits)
         if self.top_k is not None:
             kth = logits.topk(min(self.top_k, logits.shape[-1])).values[:, -1:]
             logits = logits.masked_fill(logits < kth, -math.inf)
@@ -129,29 +106,21 @@ class DecodeRule:
             logits = logits.masked_fill(drop.scatter(-1, order, drop), -math.inf)
         return logits.softmax(-1)
 
-    def probs(self, logits):
-        """(n, V) logits -> (n, V) fp32 distribution tokens are drawn from: temperature, the
-        mask token removed, then top-k and top-p. A row's softmax is its own: probs(x)[rows]
-        is probs(x[rows]) to the bit."""
-        return self.read(logits, "probs")
-
     def confidence(self, logits, tokens):
         """SDAR's confidence of (n,) tokens under (n, V) logits: their probability under the
         temperature-scaled softmax over the whole vocabulary, before top-k / top-p."""
-        scaled, lse = self.read(logits, "scaled"), self.read(logits, "lse")   # no softmax
-        return (scaled.gather(-1, tokens[:, None]).squeeze(-1) - lse).exp()
-
-    def top_confidence(self, logits):
-        """(n,) SDAR's confidence of each row's most likely non-mask token (top-k and top-p
-        always keep it), without building the filtered distribution."""
-        top = self.read(logits, "no_mask").amax(-1)   # (amax: max without indices, faster)
-        return (top - self.read(logits, "lse")).exp()
+        scaled = self.scaled(logits)                                     # (no softmax)
+        return (scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(-1)).exp()
 
     def best(self, logits):
-        """(n,) each row's most likely non-mask token and its confidence (top_confidence's), in
-        one pass over the logits (top-k and top-p never drop the most likely token)."""
-        top, tokens = self.read(logits, "no_mask").max(-1)
-        return tokens, (top - self.read(logits, "lse")).exp()
+        """(n,) each row's most likely non-mask token and its confidence, SDAR's (top-k and
+        top-p never drop the most likely token)."""
+        top, tokens = self.no_mask(logits).max(-1)
+        return tokens, (top - self.scaled(logits).logsumexp(-1)).exp()
+
+    def top_confidence(self, logits):
+        """(n,) best's confidence alone."""
+        return self.best(logits)[1]
 
     def pick(self, logits, generator=None, noise=None):
         """Per row of (n, V) logits: a token drawn from `probs` (greedy: the most likely one,

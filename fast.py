@@ -12,7 +12,6 @@ lines compose them; each gives the core's tokens and forwards (tests/test_fast.p
 import torch
 import torch.nn.functional as F
 
-import mask as masks
 from decode import to_device, to_host
 from verify import Walk, first_true, no_extra, same_state, successors
 from verify import walk as walk_stepwise
@@ -101,10 +100,28 @@ def static_shapes(model, trunk):
                                f"({STATIC_ROWS}); cap the rows a forward (max_rows)")
         start_t, n_real = to_device(start, idx.device), to_device(T, idx.device)
         x = trunk(model, F.pad(idx, (0, n - T)), F.pad(pos, (0, n - T)), start_t,
-                  masks.padded(mask, start_t, n_real, n))[:, T - keep:T]
+                  padded(mask, start_t, n_real, n))[:, T - keep:T]
         return model.head(x if rows is None else x[:, rows])
     model.forward = forward   # (an instance attribute: nn.Module's call finds it first)
     model.setup_cache = lambda max_len, batch=1: setup(max_len + STATIC_ROWS, batch)  # + padding
+
+
+def padded(mask_mod, prefix, n_real, n_pad):
+    """Static shapes (compile_static): the queries padded from `n_real` rows to `n_pad`,
+    the keys the whole cache. Every rule above lets each query see the whole committed cache
+    (keys < prefix); how the queries see each other is evaluated here, once, into an
+    (n_pad, n_pad) table, so that one closure, and one compiled graph a query length, serves
+    every rule. A padding query sees the cache and itself (no row is empty); no real query
+    sees a padding one."""
+    q = torch.arange(n_pad, device=prefix.device)[:, None]
+    k = q.T
+    table = (mask_mod(0, 0, q, prefix + k) & (k < n_real)) | ((q >= n_real) & (q == k))
+
+    def padded_mask(b, h, q_idx, kv_idx):
+        rel = kv_idx - prefix                         # clamp: flex pads indices past the end
+        inside = table[q_idx.clamp(0, n_pad - 1), rel.clamp(0, n_pad - 1)] & (rel < n_pad)
+        return (rel < 0) | inside
+    return padded_mask
 
 
 def compile_dynamic(model, **options):

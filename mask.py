@@ -12,8 +12,9 @@ constant to torch.compile, so every new value would recompile (0-d tensors do no
 Index convention for the cached forwards (model.py): the keys are [cache ; queries], so the
 query q_idx sits at key index `prefix + q_idx`, where `prefix` is the committed cache length.
 
-References: BD3-LM (Arriola et al. 2025) for the block masks, SDAR for block-causal decoding,
-SimSD (temporal mask, docs/design.md section 3), Spiffy (draft-graph copies, section 4).
+References: SDAR for block-causal decoding, SimSD (temporal mask, docs/design.md section 3),
+Spiffy (draft-graph copies, section 4). Training's BD3-LM mask is objective.py's; static
+shapes' padded mask fast.py's.
 """
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
@@ -80,39 +81,6 @@ def block_copies(prefix, n_commit, block_size, sees=None):
         return torch.where(q_idx < n_commit, (kv_idx < shared) & finished,   # block-causal
                            (kv_idx < shared) | ((kv_idx >= shared) & related))
     return block_copies_mask
-
-
-def bd3lm_training(block_size, n):
-    """The BD3-LM training mask over [x_t ; x_0] (2n tokens), in the paper's three parts:
-    block-diagonal (noisy sees its own noisy block), offset block-causal (noisy block b sees
-    clean blocks < b) and block-causal (clean sees clean blocks <= b)."""
-    def bd3lm_training_mask(b, h, q_idx, kv_idx):
-        q_noisy, kv_noisy = q_idx < n, kv_idx < n
-        qb = torch.where(q_noisy, q_idx, q_idx - n) // block_size
-        kb = torch.where(kv_noisy, kv_idx, kv_idx - n) // block_size
-        block_diagonal = q_noisy & kv_noisy & (qb == kb)
-        offset_block_causal = q_noisy & ~kv_noisy & (kb < qb)
-        clean_block_causal = ~q_noisy & ~kv_noisy & (kb <= qb)
-        return block_diagonal | offset_block_causal | clean_block_causal
-    return bd3lm_training_mask
-
-
-def padded(mask_mod, prefix, n_real, n_pad):
-    """Static shapes (model.compile_decoding): the queries padded from `n_real` rows to `n_pad`,
-    the keys the whole cache. Every rule above lets each query see the whole committed cache
-    (keys < prefix); how the queries see each other is evaluated here, once, into an
-    (n_pad, n_pad) table, so that one closure, and one compiled graph a query length, serves
-    every rule. A padding query sees the cache and itself (no row is empty); no real query
-    sees a padding one."""
-    q = torch.arange(n_pad, device=prefix.device)[:, None]
-    k = q.T
-    table = (mask_mod(0, 0, q, prefix + k) & (k < n_real)) | ((q >= n_real) & (q == k))
-
-    def padded_mask(b, h, q_idx, kv_idx):
-        rel = kv_idx - prefix                         # clamp: flex pads indices past the end
-        inside = table[q_idx.clamp(0, n_pad - 1), rel.clamp(0, n_pad - 1)] & (rel < n_pad)
-        return (rel < 0) | inside
-    return padded_mask
 
 
 def dense_mask(mask_mod, q_len, kv_len, device=None):

@@ -6,7 +6,7 @@ train.py trains with and report.py evaluates with.
   the answer tokens the question holds (copied, of entity_ids) can weigh more.
 - noise: x_t, each token of each block of B masked with that block's t ~ U(eps, 1).
 - bd3lm_loss: the cross-entropy on the masked positions of x_t, the model reading
-  [x_t ; x_0] under the BD3-LM mask (mask.bd3lm_training); BLOCK_SIZES are the block sizes
+  [x_t ; x_0] under the BD3-LM mask (bd3lm_training); BLOCK_SIZES are the block sizes
   trained, one drawn per batch.
 - distill_loss: the drafter's loss distilled from a frozen target on the same x_t, (1 - w)
   times that cross-entropy plus w times KL(p_target || p_drafter) (train.py --distill).
@@ -25,6 +25,21 @@ import mask as masks
 from prepare import ENTITIES
 
 BLOCK_SIZES = (4, 8, 32)
+
+
+def bd3lm_training(block_size, n):
+    """The BD3-LM training mask over [x_t ; x_0] (2n tokens), in the paper's three parts:
+    block-diagonal (noisy sees its own noisy block), offset block-causal (noisy block b sees
+    clean blocks < b) and block-causal (clean sees clean blocks <= b)."""
+    def bd3lm_training_mask(b, h, q_idx, kv_idx):
+        q_noisy, kv_noisy = q_idx < n, kv_idx < n
+        qb = torch.where(q_noisy, q_idx, q_idx - n) // block_size
+        kb = torch.where(kv_noisy, kv_idx, kv_idx - n) // block_size
+        block_diagonal = q_noisy & kv_noisy & (qb == kb)
+        offset_block_causal = q_noisy & ~kv_noisy & (kb < qb)
+        clean_block_causal = ~q_noisy & ~kv_noisy & (kb <= qb)
+        return block_diagonal | offset_block_causal | clean_block_causal
+    return bd3lm_training_mask
 
 
 class Batches:
@@ -123,7 +138,7 @@ def noised_forward(model, x0, block_size, generator, keep=None, teacher_order=No
     L, mask_id = x0.shape[1], model.config.mask_token_id
     pos = torch.arange(L, device=x0.device).repeat(2)
     to_mask = masks.block_mask if x0.is_cuda else masks.dense_mask  # CPU flex has no backward
-    mask = to_mask(masks.bd3lm_training(block_size, L), 2 * L, 2 * L, x0.device)
+    mask = to_mask(bd3lm_training(block_size, L), 2 * L, 2 * L, x0.device)
     run = lambda m, xt: m(torch.cat([xt, x0], 1), pos, mask=mask)[:, :L]   # noqa: E731
     order = None
     if teacher_order is not None:   # its confidence in x0 with the answer masked; the prompt last

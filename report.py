@@ -10,7 +10,7 @@ from tqdm import tqdm
 import mask as masks
 from cli import load
 from decode import DecodeRule, generate
-from objective import BLOCK_SIZES, Batches, bd3lm_loss
+from objective import BLOCK_SIZES, Batches, bd3lm_loss, bd3lm_training
 from prepare import entities_copied, extract_answer, problems
 
 # the decoding rules the report measures: name -> DecodeRule keywords
@@ -50,7 +50,7 @@ def agreement(target, drafter, path, block_size, answer_ids=(), seq_len=256, n=1
     when decoding an answer."""
     x0, prompt, _ = Batches(path, seq_len, seed, answer_ids=answer_ids, eos_id=target.config.eos_token_id)(n)
     xt = torch.where(prompt, x0, target.config.mask_token_id)
-    mask = masks.dense_mask(masks.bd3lm_training(block_size, seq_len), 2 * seq_len, 2 * seq_len)
+    mask = masks.dense_mask(bd3lm_training(block_size, seq_len), 2 * seq_len, 2 * seq_len)
     pos = torch.arange(seq_len).repeat(2)
     guess = [m(torch.cat([xt, x0], 1), pos, mask=mask)[:, :seq_len].argmax(-1) for m in (target, drafter)]
     same, counted = (guess[0] == guess[1]).view(-1, block_size), ~prompt.view(-1, block_size)

@@ -73,7 +73,7 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
 def summary(spec, stats, rule, load_s, cost_note=None):
     s = (f"--- {stats['tokens']} tokens in {stats['seconds']:.2f} s "
          f"({stats['tokens'] / stats['seconds']:.1f} tok/s; loading and warm-up {load_s:.1f} s more), "
-         f"{rule.describe()}, target NFE {stats['nfe']} ({stats['tokens'] / stats['nfe']:.2f} "
+         f"{cli.describe(rule)}, target NFE {stats['nfe']} ({stats['tokens'] / stats['nfe']:.2f} "
          f"tokens/forward), ended by {'a stop id' if stats['stop'] == 'stop_id' else stats['stop']}")
     if spec == "simsd":
         ref = f"drafter NFE {stats['nfe_draft']}" if stats["reference"] == "drafter" else f"{stats['reference']}"
@@ -127,7 +127,7 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     if as_json:
         rest = {k: v for k, v in stats.items() if k not in ("nfe", "nfe_draft")}
         print(json.dumps(dict(rest, text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
-                              nfe_draft=stats.get("nfe_draft", 0), load_s=load_s, rule=rule.describe(), cost_model=cost_note,
+                              nfe_draft=stats.get("nfe_draft", 0), load_s=load_s, rule=cli.describe(rule), cost_model=cost_note,
                               tokens_per_s=stats["tokens"] / stats["seconds"])))
     return out, stats
 

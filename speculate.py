@@ -7,10 +7,9 @@ docs/design.md, section 3 (after the SimSD paper). Each round of the loop (decod
           block with a mask left; once the best confidence left falls below `draft_stop` it
           drafts no more. Each drafted token d_i keeps its step label tau(i) (the step map)
           and its draft distribution p_draft(i). One host sync reads the draft back.
-  verify  lossless (the default): the drafter's states X_t, X_t + d_1, X_t + d_1 + d_2, ...
-          (a later block's from all masks, after its block before is complete) as whole-block
-          copies in ONE target forward, the target's own rule walked through them
-          (verify.py): plain decoding's output, token for token in fp32.
+  verify  lossless (the default): the drafter's states X_t, X_t + d_1, ... (a later block's
+          from all masks) as whole-block copies in ONE target forward, the target's own rule
+          walked through them (verify.py): plain decoding's output, token for token in fp32.
           temporal (the paper's): [data section | mask section] in ONE forward under the
           token-level temporal causal mask, each slot at its data token's RoPE position
           (verify_temporal), and the drafts accepted along tau: greedy, or speculative
@@ -33,8 +32,8 @@ from decode import (SYNCS, Advance, DecodeRule, Frontier, Session, check_prompt,
 from verify import Guesses, counted, lossless_round, no_extra, verify_copies, walk
 
 DRAFT_THRESHOLD, DRAFT_STOP = 0.5, 0.3   # measured on the embedded pair (docs/results.md)
-DRAFT_STEPS = 3   # drafter forwards a round (docs/results.md: chosen by measurement)
-LOOKAHEAD = 3     # blocks drafted past the open one (docs/results.md: chosen by measurement)
+DRAFT_STEPS, LOOKAHEAD = {4: 3}, 3   # drafter forwards a round by B (else 1); blocks past the
+                                     # open one a round may draft (docs/results.md: measured)
 
 
 @dataclass
@@ -87,11 +86,12 @@ def draft(sess, front, rule, steps, ahead, threshold, stop, gamma, stops, genera
                  p_at[to_device(at, window.device)], list(accumulate(chance[i] for i in at)))
 
 
-def drafted_states(front, d, ahead, stops, mask_id):
+def drafted_states(front, d, ahead, stops, mask_id, every=True):
     """A Draft's states as verify.Guesses: the open block before the first draft and after
-    each; a later block's from all masks, after the complete state of the block before it
-    (which that copy sees as its earlier block); after a complete last state, holding no stop
-    id, the next block's first state too, while the draft may reach it. Host lists in."""
+    each (every), or after each drafter step (a rule that reveals several tokens a step
+    rarely stops inside one); a later block's from all masks, after the complete state of the
+    block before it (which that copy sees as its earlier block); after a complete last state
+    holding no stop id, the next block's first state, while the draft may reach it."""
     B, block = len(front.host), 0
     states, parent, chance, held = [list(front.host)], [-1], [1.0], [0]
 
@@ -104,9 +104,10 @@ def drafted_states(front, d, ahead, stops, mask_id):
         if p // B > block:                     # on into the next block, after its complete copy
             block = p // B
             add([mask_id] * B, len(states) - 1, chance[-1], i)
-        state = list(states[-1])
+        state = list(states[-1]) if held[-1] == i else state
         state[p % B] = d.tokens[i]
-        add(state, parent[-1], d.chance[i] if d.chance else 1.0, i + 1)
+        if every or i + 1 == len(d.pos) or d.tau[i + 1] != d.tau[i]:
+            add(state, parent[-1], d.chance[i] if d.chance else 1.0, i + 1)
     if mask_id not in states[-1] and block < ahead and not stops.intersection(states[-1]):
         add([mask_id] * B, len(states) - 1, chance[-1], len(d.pos))
     copies = to_device(states, front.block.device) if len(states) > 1 else front.block[None]
@@ -191,10 +192,10 @@ def temporal_round(sess, propose, rule, rope_copy, order, generator, stats, extr
     extra: as verify.walk's, on the slots' logits (Frontier.hint for the next round)."""
     def round_(front, room):
         d = propose(front, 0)
-        if order == "position":
+        if order == "position":          # left to right, one a step
             by = sorted(range(len(d.pos)), key=d.pos.__getitem__)
-            d = Draft([d.pos[i] for i in by], [d.tokens[i] for i in by], list(range(
-                1, len(by) + 1)), d.p_draft[to_device(by, front.block.device)], d.chance)
+            d = Draft(sorted(d.pos), [d.tokens[i] for i in by], [i + 1 for i in range(len(by))],
+                      d.p_draft[to_device(by, front.block.device)], d.chance)
         logits = verify_temporal(sess, front, d, rule, rope_copy)
         block, k = accept_temporal(logits, front, d, rule, generator)
         slots = d.pos + undrafted(front, d, rule.mask_id)      # the slots by position:
@@ -213,10 +214,12 @@ def copies_round(sess, propose, rule, ahead, stops, generator, stats, extra, wal
     copies (drafted_states), cut(guesses) -> the prefix verified (fast.sized; None: all); ONE
     target forward (verify.verify_copies) and the target's own rule walked through them.
     accept: an ablation's acceptance on the same forward instead of the walk (variants.py)."""
+    every = accept is not None or rule.strategy not in ("low_confidence_dynamic", "entropy_bounded")
+
     def guesses(front, room):
         ahead_ = min(ahead, max(0, -(-room // rule.block_size)))     # blocks of room left
         d = propose(front, ahead_)
-        return d, drafted_states(front, d, ahead_, stops, rule.mask_id)
+        return d, drafted_states(front, d, ahead_, stops, rule.mask_id, every)
     if accept is not None:                   # (every drafted state verified: no cut)
         def round_(front, room):
             d, g = guesses(front, room)
@@ -228,24 +231,25 @@ def copies_round(sess, propose, rule, ahead, stops, generator, stats, extra, wal
 
 @torch.no_grad()
 def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifier="copies",
-                   draft_steps=DRAFT_STEPS, draft_threshold=DRAFT_THRESHOLD,
+                   draft_steps=None, draft_threshold=DRAFT_THRESHOLD,
                    draft_stop=DRAFT_STOP, gamma=None, lookahead=None, rope_copy=True, order="tau",
                    fuse_commit=True, copy_commit=True, eos_id=None, generator=None,
                    on_block=None, walk=walk, cut=None, propose=None, extra=no_extra,
                    accept=None):
     """SimSD decoding; decode.generate's arguments and output, plus: drafter, a Transformer of
     the target's vocabulary (batch 1); verifier: "copies" (lossless) or "temporal" (the
-    paper's); draft_steps, draft_threshold, draft_stop, gamma: `draft`'s (gamma default
-    B x (1 + lookahead)); lookahead: blocks past the open one a round may draft (copies only;
-    default LOOKAHEAD); rope_copy, order: the temporal path's ablations (the RoPE copy; the
-    "position" order); copy_commit: Session.commit's. The speed devices (fast.py): walk,
-    cut(guesses) -> the copies verified. Variants (variants.py): propose(front, ahead) -> Draft
-    instead of the drafter, extra (verify.walk's: the hint they read), accept (on copies)."""
+    paper's); draft_steps, draft_threshold, draft_stop, gamma: `draft`'s (DRAFT_STEPS,
+    B x (1 + lookahead)); lookahead: blocks past the open one a round may draft (LOOKAHEAD;
+    copies only); rope_copy, order: the temporal path's ablations; copy_commit: Session's.
+    Speed devices (fast.py): walk, cut(guesses) -> the copies verified. Variants (variants.py):
+    propose(front, ahead) -> Draft instead of the drafter, extra (verify.walk's: the hint they
+    read), accept (on copies)."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     B, temporal = rule.block_size, verifier == "temporal"
     lookahead = (0 if temporal else LOOKAHEAD) if lookahead is None else lookahead
     gamma = B * (1 + lookahead) if gamma is None else gamma
+    draft_steps = DRAFT_STEPS.get(B, 1) if draft_steps is None else draft_steps
     check_settings(verifier, lookahead, gamma, draft_steps, draft_threshold, draft_stop, rope_copy,
                    order)
     ids, syncs, t0 = check_prompt(prompt, c, max_new_tokens), SYNCS["host"], time.perf_counter()
@@ -266,8 +270,7 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
 
 
 def simsd_stats(stats, sessions):
-    """A run's counts: forwards and rows (target, drafter), and rounds by drafts accepted,
-    by why they ended and by target steps walked; blocks finished ahead."""
+    """A run's counts: forwards, rows, rounds by drafts accepted, by end and by steps."""
     tsess, *dsess = sessions
     hist = counted(stats, "accepted")
     rounds = sum(hist.values())
@@ -278,8 +281,7 @@ def simsd_stats(stats, sessions):
                 blocks_ahead=stats["blocks_ahead"])
 
 
-def check_settings(verifier, lookahead, gamma, steps, draft_threshold, draft_stop, rope_copy,
-                   order):
+def check_settings(verifier, lookahead, gamma, steps, threshold, stop, rope_copy, order):
     """Refuse settings that are unknown or that the chosen verifier cannot honour."""
     if order not in ("tau", "position"):
         raise ValueError(f"order must be 'tau' or 'position', got {order!r}")
@@ -293,6 +295,6 @@ def check_settings(verifier, lookahead, gamma, steps, draft_threshold, draft_sto
         raise ValueError("--lookahead needs --verify copies: the temporal mask verifies one block")
     if gamma < 1 or steps < 1:
         raise ValueError(f"gamma and --draft-steps must be >= 1, got {gamma} and {steps}")
-    for name, x in (("draft_threshold", draft_threshold), ("draft_stop", draft_stop)):
+    for name, x in (("draft_threshold", threshold), ("draft_stop", stop)):
         if x is not None and not 0 < x <= 1:
             raise ValueError(f"{name} must be in (0, 1], got {x}")

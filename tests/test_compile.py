@@ -5,7 +5,7 @@ keeps the test fast; it runs dynamo's capture and guards, which is where recompi
 
 Static shapes (fast.compile_static, for CUDA graphs): queries padded to 1, 2, 4, 8 or 16
 blocks, keys over the whole cache, so a model compiles at most one graph per bucket, whatever
-its mask kinds (mask.padded), and the tokens are eager's (the padding is masked exactly).
+its mask kinds (fast.padded), and the tokens are eager's (the padding is masked exactly).
 
 Run: python -m pytest tests/test_compile.py -q
 """
@@ -105,8 +105,7 @@ def test_dynamic_compiling_keeps_every_graph_of_a_bench_run(compile_):
 @pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "entropy_bounded"])
 def test_a_step_of_the_rule_traces_as_one_graph(strategy):
     """Compiled (a decode step's rule in the forward's graph: docs/fused_step.py), the rule is
-    one graph: the memo that shares one forward's reads is skipped while tracing (its checks of
-    the logits' identity broke the rule into 9 graphs), and it gives eager's block."""
+    one graph, and it gives eager's block."""
     rule = DecodeRule(MASK_ID, B, strategy=strategy, threshold=0.6)
     logits = torch.randn(B, 97, generator=torch.Generator().manual_seed(0))
     block = torch.full((B,), MASK_ID)

@@ -10,8 +10,9 @@ commits, kept or recomputed finished blocks; every copy verified (no cost model)
 models: a target and a drafter that mostly agrees with it (tests/test_lookahead.py's pair).
 
 Re-recorded 2026-12-05 for the drafter on the device (a fixed number of drafter forwards a
-round, SimSD's drafts changed): plain and Spiffy runs kept every token and count; the 16
-lossless SimSD runs kept every token (target forwards 154 -> 153, drafter forwards 300 -> 391).
+round, 3 at B = 4 and 1 above; at the threshold rule only the states drafter steps end in
+verified): plain and Spiffy runs kept every token and count; the 16 lossless SimSD runs kept
+every token (target forwards 154 -> 160, drafter forwards 300 -> 235).
 
 A change that moves counts on purpose rewrites the fixture, and says so:
     python tests/test_counts_fixed.py --write

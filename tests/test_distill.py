@@ -114,7 +114,7 @@ def test_the_distill_loss_matches_an_explicit_kl_on_tiny_models():
     x0 = torch.randint(4, 97, (2, 32), generator=torch.Generator().manual_seed(2))
     loss, kl = objective.distill_loss(model, teacher, x0, 8, torch.Generator().manual_seed(3))
     xt, masked = objective.noise(x0, 8, model.config.mask_token_id, torch.Generator().manual_seed(3))
-    mask = masks.dense_mask(masks.bd3lm_training(8, 32), 64, 64)
+    mask = masks.dense_mask(objective.bd3lm_training(8, 32), 64, 64)
     pos = torch.arange(32).repeat(2)
     p_t, p_s = (m(torch.cat([xt, x0], 1), pos, mask=mask)[:, :32].double().softmax(-1) for m in (teacher, model))
     rows = [(p_t[b, i] * (p_t[b, i].log() - p_s[b, i].log())).sum().item()
@@ -281,7 +281,7 @@ def test_teacher_ordered_noise_masks_what_the_target_is_least_sure_of():
     for B in (4, 8):
         _, masked, _ = objective.noised_forward(teacher, x0, B, g(), keep, teacher_order=teacher)
         with torch.no_grad():                        # the target with the whole answer masked
-            mask = masks.dense_mask(masks.bd3lm_training(B, 32), 64, 64, "cpu")
+            mask = masks.dense_mask(objective.bd3lm_training(B, 32), 64, 64, "cpu")
             conf = teacher(torch.cat([x0.masked_fill(~keep, 3), x0], 1), torch.arange(32).repeat(2), mask=mask)
         conf = conf[:, :32].log_softmax(-1).gather(-1, x0[..., None]).squeeze(-1).masked_fill(keep, math.inf)
         t = torch.rand(3, 32 // B, 1, generator=g()) * (1 - 1e-3) + 1e-3

@@ -143,12 +143,14 @@ def test_capped_rows_keep_the_tokens_and_fit_the_largest_bucket(static, monkeypa
             assert out == plain and max(st["rows"]) <= rows + B        # + the pending block
             out, st = spiffy_generate(target, prompt(n), 24, rule, graph, eos_id=-1, cut=fast.cutter(None, rows, B))
             assert out == plain and max(st["rows"]) <= rows + B
+    many = dict(eos_id=-1, draft_steps=4 * B)       # (one token a step: a copy a draft)
+    static_rule = DecodeRule(MASK_ID, B)
     if static:   # uncapped, a verification outgrows the largest bucket: an error, never eager
         monkeypatch.setattr(fast, "STATIC_ROWS", MAX_BUCKET * B)
         with pytest.raises(RuntimeError, match="largest compiled bucket"):
-            simsd_generate(target, drafter, prompt(9), 24, rule, eos_id=-1)
+            simsd_generate(target, drafter, prompt(9), 24, static_rule, **many)
     else:
-        assert max(simsd_generate(target, drafter, prompt(9), 24, rule, eos_id=-1)[1]["rows"]) > MAX_BUCKET * B
+        assert max(simsd_generate(target, drafter, prompt(9), 24, static_rule, **many)[1]["rows"]) > MAX_BUCKET * B
     with pytest.raises(ValueError, match="below one block"):
         fast.cutter(None, B - 1, B)
 

@@ -108,14 +108,15 @@ def test_a_stop_id_inside_a_block_reached_ahead_ends_decoding_where_plain_decodi
 @pytest.mark.parametrize("acceptance", ["paper", "gated"])
 @pytest.mark.parametrize("B", [4, 8])
 def test_paper_and_gated_rules_across_blocks_accept_what_they_accept_within_one(B, acceptance):
-    """Greedy, every masked position drafted (gamma unbounded, no draft_stop): the next block's
+    """Greedy, every masked position drafted (gamma unbounded, no draft_stop, steps enough to
+    draft the whole window): the next block's
     drafts are the ones a fresh round would draft there, judged on the same logits, so
     lookahead changes the forward count only."""
     target, drafter = pair(B)
     rule = DecodeRule(MASK_ID, B)
     fewer = 0
     for k, (prompt, max_new) in enumerate(cases(B)):
-        kw = dict(acceptance=acceptance, gamma=100, draft_stop=None, eos_id=NO_EOS)
+        kw = dict(acceptance=acceptance, gamma=100, draft_stop=None, eos_id=NO_EOS, draft_steps=3 * B)
         within, st0 = simsd_generate(target, drafter, prompt, max_new, rule, lookahead=0, **kw)
         across, st2 = simsd_generate(target, drafter, prompt, max_new, rule, lookahead=2, **kw)
         assert across == within, k

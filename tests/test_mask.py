@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 import mask
+import objective
 from mask import dense_mask
 
 SIZES = [97, 130, 191]          # query lengths: off the block grid and off the 128-token tiles
@@ -162,7 +163,7 @@ def cases():
                         q_len, prefix + q_len))
     for n in (49, 65, 95):                           # 2n = 98, 130, 190
         for block_size in (4, 8):
-            out.append((f"bd3lm_training-B{block_size}-n{n}", mask.bd3lm_training(block_size, n),
+            out.append((f"bd3lm_training-B{block_size}-n{n}", objective.bd3lm_training(block_size, n),
                         ref_bd3lm_training(block_size, n), 2 * n, 2 * n))
     return out
 

@@ -426,10 +426,10 @@ def test_position_order_verifies_left_to_right(tiny_model, monkeypatch):
     target = tiny_model(n_layer=1, block_size=B, seed=0)
     drafter = tiny_model(n_layer=1, block_size=B, seed=5)
     _, _, rounds = run_recorded(monkeypatch, target, drafter, tokens(3, seed=6), 10,
-                                order="position", eos_id=NO_EOS)
+                                order="position", eos_id=NO_EOS, draft_steps=B)
     assert all(r["d"].pos == sorted(r["d"].pos) for r in rounds)
     _, _, rounds = run_recorded(monkeypatch, target, drafter, tokens(3, seed=6), 10,
-                                eos_id=NO_EOS)
+                                eos_id=NO_EOS, draft_steps=B)
     assert any(r["d"].pos != sorted(r["d"].pos) for r in rounds)
 
 
@@ -508,6 +508,7 @@ def test_lossless_simsd_equals_plain_decoding(tiny_model, B, rule_kw, temperatur
                             generator=torch.Generator().manual_seed(k))
         out, stats = simsd_generate(target, drafter, prompt, max_new, rule, acceptance="lossless",
                                     draft_threshold=rule_kw.get("threshold", 0.5), eos_id=NO_EOS,
+                                    draft_steps=3,
                                     generator=torch.Generator().manual_seed(k))
         assert out == plain, f"prompt {k}"
         hist.update(stats["accept_hist"])

@@ -128,7 +128,7 @@ def test_simsd_syncs_once_a_draft_and_once_a_walk(monkeypatch):
         syncs.count = 0
         with syncs:
             stats = speculate.simsd_generate(target, drafter, p, 24, rule, eos_id=NO_EOS,
-                                             walk=fast.walk)[1]
+                                             walk=fast.walk, draft_steps=3)[1]
         decoding = stats["nfe"] - int(len(p) >= B)
         assert syncs.count == stats["syncs"] == 2 * decoding
         assert stats["nfe_draft"] > decoding, "vacuous: one drafter forward a round"

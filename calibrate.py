@@ -2,7 +2,7 @@
 one per block size and decoding rule (or, for bench.py, calibrate a missing one in memory:
 graphs_for) (docs/design.md, section 4): plain decoding on a few
 prompts, the reveal sets that followed each state counted, the connected subgraph of the D most
-frequent kept, as a small JSON file that spiffy.load_graph reads.
+frequent kept, as a small JSON file that load_graph reads.
 
     python calibrate.py                     # models/target/spiffy_graph_b{4,8,32}_{static,t0.9}.json
     python calibrate.py --strategy sequential --block-size 8   # another SDAR strategy
@@ -12,6 +12,7 @@ frequent kept, as a small JSON file that spiffy.load_graph reads.
 import argparse
 import json
 import time
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -19,7 +20,48 @@ import util
 from cli import check_block_size, load, make_rule
 from decode import EB_THRESHOLD, STRATEGIES
 from prepare import problems
-from spiffy import calibrate, graph_path, load_graph
+from spiffy import calibrate, graph_rule
+
+
+def load_graph(path, rule):
+    """Read a calibrated graph; refuse one made for another block size or decoding rule."""
+    path = Path(path)
+    if not path.is_file():
+        command = calibrate_command(path.parent, rule)
+        raise FileNotFoundError(f"draft graph {path} not found (run `{command}`, with --data "
+                                "FILE.jsonl [--chat] to calibrate on your own prompts)")
+    try:
+        g = json.loads(path.read_text())
+        g["nodes"] = [tuple(tuple(p) for p in n) for n in g["nodes"]]
+        for n in g["nodes"]:
+            ranks_ok = all(type(x) is int and x >= 0 for p in n for x in p)
+            pairs = n and all(len(p) == 2 for p in n) and len({i for i, _ in n}) == len(n)
+            if not pairs or not ranks_ok:
+                raise ValueError(f"node {list(n)} is not a set of [position rank, token rank] "
+                                 "pairs")
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"malformed draft graph {path}: {e}") from None
+    want = graph_rule(rule)
+    got = {k: g.get(k) for k in want}
+    if got != want:
+        raise ValueError(f"draft graph {path} was calibrated for {got}, not {want}")
+    return g
+
+
+def calibrate_command(target_dir, rule):
+    """The spiffy.py command that writes the graph for `rule` next to target_dir's weights."""
+    extra = {"low_confidence_static": "",
+             "low_confidence_dynamic": f" --threshold {rule.threshold:g}",
+             "entropy_bounded": f" --strategy entropy_bounded --eb-threshold {rule.eb_threshold:g}"}
+    return (f"python calibrate.py --target {target_dir} --block-size {rule.block_size}"
+            + extra.get(rule.strategy, f" --strategy {rule.strategy}"))
+
+
+def graph_path(target_dir, rule):
+    """Where the graph calibrated for `rule` lives: next to the target's weights."""
+    kind = {"low_confidence_static": "static", "low_confidence_dynamic": f"t{rule.threshold:g}",
+            "entropy_bounded": f"eb{rule.eb_threshold:g}"}.get(rule.strategy, rule.strategy)
+    return Path(target_dir) / f"spiffy_graph_b{rule.block_size}_{kind}.json"
 
 
 def graphs_for(target_dir, target, calib_prompts, note):

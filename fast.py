@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from decode import to_device, to_host
-from verify import Walk, first_true, no_extra, same_state, successors
+from verify import Walk, first_true, no_extra
 from verify import walk as walk_stepwise
 
 STATIC_ROWS = 512   # static shapes: the most query rows a forward (a larger one is an error)
@@ -26,10 +26,15 @@ def stateless(rule):
 
 
 def walk(logits, g, step, rule, generator=None, extra=no_extra):
-    """verify.walk's result. For a stateless rule the rule steps EVERY copy in one batched
-    call, whether the walk reaches it or not; which copy each new state is, is found on the
-    device too, and only the chain is followed on the host: ONE host sync."""
-    if len(g.counts) == 1 or not stateless(rule):
+    """verify.walk's result. With nothing guessed, one step without the copies' bookkeeping;
+    for a stateless rule the rule steps EVERY copy in one batched call, whether the walk
+    reaches it or not; which copy each new state is, is found on the device too, and only the
+    chain is followed on the host: ONE host sync."""
+    if len(g.counts) == 1:                      # nothing guessed: one step, nothing to compare
+        new = rule(logits, g.copies[0], step, generator)
+        host, *hint = to_host(new, *extra(logits, g.copies, new[None]))
+        return Walk([(logits, new)], host, [h[0] for h in hint], [], [None], [])
+    if not stateless(rule):
         return walk_stepwise(logits, g, step, rule, generator, extra)
     each, copies = logits.split(g.counts), g.copies
     block_of, goes_on, first = successors(g)
@@ -48,6 +53,26 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     last = path[-1]
     return Walk([(each[i], new[i]) for i in path], new_h[last], [h[last] for h in hint], crossed,
                 all_copies, visited)
+
+
+def successors(g):
+    """Which copies the walk may go on to, as device tensors: (n,) the block each copy is a state
+    of (its parent), and (n,) whether it has a mask left or a next block to go on to; and on the
+    host, the next block's first copy (all masks) of each complete copy that has one."""
+    n, B = g.copies.shape
+    parent = [-1] * n if g.parent is None else g.parent
+    first = {}
+    for i, p in enumerate(parent):
+        if p >= 0 and g.counts[i] == B:
+            first.setdefault(p, i)
+    open_ = [int(g.counts[i] > 0 or i in first) for i in range(n)]
+    block_of, open_ = to_device([parent, open_], g.copies.device)
+    return block_of, open_.bool(), first
+
+
+def same_state(copies, state):
+    """(n, B) copies and a (B,) state -> (n,) bool: which copies are that state (broadcasts)."""
+    return (copies == state).all(-1)
 
 
 def sized(g, cost):

@@ -24,7 +24,8 @@ import torch
 import cli, costs, fast, util
 from decode import check_prompt, generate
 from variants import simsd
-from spiffy import graph_path, load_graph, spiffy_generate
+from calibrate import graph_path, load_graph
+from spiffy import spiffy_generate
 
 DEFAULT_PROMPT = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. "
                   "How much does Max have now?\nAnswer:")

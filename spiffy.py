@@ -20,13 +20,12 @@ the random draws in the same order, so the output is plain decoding's, token for
 (Exact in exact arithmetic, token for token in fp32; bf16 rounding: see verify.py.)
 
     python calibrate.py                     # the graphs, next to models/target's weights
+                                            # (calibrate.load_graph reads them)
     python sample.py --spec spiffy
 """
-import json
 import math
 import time
 from collections import Counter
-from pathlib import Path
 
 import torch
 from decode import (SYNCS, DecodeRule, Session, check_prompt, packed_index, round_loop,
@@ -120,47 +119,6 @@ def build_drafts(ranked, state, graph, budget, rule):
         drafts.append(s)
         chances.append(math.prod(p[i][j] for i, j in n))
     return drafts, chances
-
-
-def load_graph(path, rule):
-    """Read a calibrated graph; refuse one made for another block size or decoding rule."""
-    path = Path(path)
-    if not path.is_file():
-        command = calibrate_command(path.parent, rule)
-        raise FileNotFoundError(f"draft graph {path} not found (run `{command}`, with --data "
-                                "FILE.jsonl [--chat] to calibrate on your own prompts)")
-    try:
-        g = json.loads(path.read_text())
-        g["nodes"] = [tuple(tuple(p) for p in n) for n in g["nodes"]]
-        for n in g["nodes"]:
-            ranks_ok = all(type(x) is int and x >= 0 for p in n for x in p)
-            pairs = n and all(len(p) == 2 for p in n) and len({i for i, _ in n}) == len(n)
-            if not pairs or not ranks_ok:
-                raise ValueError(f"node {list(n)} is not a set of [position rank, token rank] "
-                                 "pairs")
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"malformed draft graph {path}: {e}") from None
-    want = graph_rule(rule)
-    got = {k: g.get(k) for k in want}
-    if got != want:
-        raise ValueError(f"draft graph {path} was calibrated for {got}, not {want}")
-    return g
-
-
-def calibrate_command(target_dir, rule):
-    """The spiffy.py command that writes the graph for `rule` next to target_dir's weights."""
-    extra = {"low_confidence_static": "",
-             "low_confidence_dynamic": f" --threshold {rule.threshold:g}",
-             "entropy_bounded": f" --strategy entropy_bounded --eb-threshold {rule.eb_threshold:g}"}
-    return (f"python calibrate.py --target {target_dir} --block-size {rule.block_size}"
-            + extra.get(rule.strategy, f" --strategy {rule.strategy}"))
-
-
-def graph_path(target_dir, rule):
-    """Where the graph calibrated for `rule` lives: next to the target's weights."""
-    kind = {"low_confidence_static": "static", "low_confidence_dynamic": f"t{rule.threshold:g}",
-            "entropy_bounded": f"eb{rule.eb_threshold:g}"}.get(rule.strategy, rule.strategy)
-    return Path(target_dir) / f"spiffy_graph_b{rule.block_size}_{kind}.json"
 
 
 def graph_rule(rule):

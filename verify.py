@@ -97,21 +97,6 @@ def no_extra(logits, copies, states):
     return ()
 
 
-def successors(g):
-    """Which copies the walk may go on to, as device tensors: (n,) the block each copy is a state
-    of (its parent), and (n,) whether it has a mask left or a next block to go on to; and on the
-    host, the next block's first copy (all masks) of each complete copy that has one."""
-    n, B = g.copies.shape
-    parent = [-1] * n if g.parent is None else g.parent
-    first = {}
-    for i, p in enumerate(parent):
-        if p >= 0 and g.counts[i] == B:
-            first.setdefault(p, i)
-    open_ = [int(g.counts[i] > 0 or i in first) for i in range(n)]
-    block_of, open_ = to_device([parent, open_], g.copies.device)
-    return block_of, open_.bool(), first
-
-
 def walk(logits, g, step, rule, generator=None, extra=no_extra):
     """Plain decoding through the verified copies of g, from copies[0] at the rule's step index
     `step`: a new state with a mask left goes on from the copy of the same block in that
@@ -119,23 +104,27 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     The random draws come in plain decoding's order. extra(packed logits of (m, B) copies, the
     (m, B) states they step to) -> tensors of m rows, brought to the host with the walk
     (Walk.hint: the last state's rows). A host sync a step (fast.walk: one a round)."""
-    each, copies = logits.split(g.counts), g.copies
-    block_of, open_, first = successors(g)
+    each, n = logits.split(g.counts), len(g.counts)
+    parent = g.parent or [-1] * n
+    first = {}                            # a complete copy -> its next block's first copy
+    for c in range(n):
+        if parent[c] >= 0 and g.counts[c] == len(g.copies[c]):
+            first.setdefault(parent[c], c)
     path, crossed, visited, i = [], [], [], 0
     while True:
-        new = rule(each[i], copies[i], step, generator)
+        new = rule(each[i], g.copies[i], step, generator)
         path.append((each[i], new))
-        hit = same_state(copies, new) & (block_of == block_of[i]) & open_      # (n,): go on from?
-        more = extra(each[i], copies[i][None], new[None])
-        j, host, all_copies, *hint = to_host(first_true(hit), new, copies, *more)
-        if j == len(copies):                                # none: the round ends
-            return Walk(path, host, [h[0] for h in hint], crossed, all_copies, visited)
-        visited.append(j)
-        if g.counts[j]:
-            i, step = j, step + 1
-        else:                                               # block finished: on into the next
-            crossed.append((len(path), j))
-            i, step = first[j], 0
+        host, copies, *hint = to_host(new, g.copies, *extra(each[i], g.copies[i][None], new[None]))
+        same = [c for c in range(n) if copies[c] == host and parent[c] == parent[i]
+                and (g.counts[c] or c in first)]        # a copy to go on from
+        if not same:                                     # none: the round ends
+            return Walk(path, host, [h[0] for h in hint], crossed, copies, visited)
+        visited.append(same[0])
+        if g.counts[same[0]]:
+            i, step = same[0], step + 1
+        else:                                            # block finished: on into the next
+            crossed.append((len(path), same[0]))
+            i, step = first[same[0]], 0
 
 
 def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=walk, stats=None):
@@ -182,8 +171,3 @@ def counted(stats, kind):
 def first_true(flags):
     """Index of the first True along the last dim of a bool tensor; its length if none."""
     return torch.cat([flags, flags.new_ones(*flags.shape[:-1], 1)], -1).int().argmax(-1)
-
-
-def same_state(copies, state):
-    """(n, B) copies and a (B,) state -> (n,) bool: which copies are that state (broadcasts)."""
-    return (copies == state).all(-1)

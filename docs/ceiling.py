@@ -21,7 +21,8 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]
 import cli  # noqa: E402
 from prepare import problems  # noqa: E402
 from speculate import simsd_generate  # noqa: E402
-from spiffy import graph_path, load_graph, spiffy_generate  # noqa: E402
+from calibrate import graph_path, load_graph  # noqa: E402
+from spiffy import spiffy_generate  # noqa: E402
 
 torch.set_num_threads(1)
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 200

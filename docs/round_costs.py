@@ -42,6 +42,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import calibrate  # noqa: E402
 import cli  # noqa: E402
 import costs  # noqa: E402
 import decode  # noqa: E402
@@ -113,7 +114,7 @@ for B in sizes:
     rule = cli.make_rule(target, B, cli.THRESHOLD)
     cut = fast.cutter(costs.cost_model(cli.DEFAULT_TARGET, target, B, None)[0], None, B)
     kw = dict(cut=cut, walk=fast.walk)
-    graph = spiffy.load_graph(spiffy.graph_path(cli.DEFAULT_TARGET, rule), rule)
+    graph = calibrate.load_graph(calibrate.graph_path(cli.DEFAULT_TARGET, rule), rule)
     methods = {
         "threshold": lambda ids: decode.generate(target, ids, 64, rule),
         "--spec simsd": lambda ids: variants.simsd(target, drafter, ids, 64, rule, **kw),

@@ -18,12 +18,13 @@ import math
 import pytest
 import torch
 
+import fast
 import spiffy
-import verify
 from conftest import make_model
 from decode import DecodeRule, generate, to_host
 from model import PRESETS
-from spiffy import build_drafts, calibrate, graph_rule, load_graph, ranks, spiffy_generate
+from calibrate import load_graph
+from spiffy import build_drafts, calibrate, graph_rule, ranks, spiffy_generate
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 NO_EOS = -1     # an eos_id that never occurs: fixed-length output
@@ -177,18 +178,20 @@ def test_spiffy_without_drafts_is_plain_decoding_at_the_same_cost(graph, fuse_co
 
 
 def test_a_walk_that_accepts_a_wrong_node_is_caught(monkeypatch):
-    """The lossless check has teeth: let the walk accept any node that reveals as many tokens
-    as the rule's new state (a broken state comparison), and plain decoding's tokens are lost."""
+    """The lossless check has teeth: let the walk (fast.walk's) accept any node that reveals as
+    many tokens as the rule's new state (a broken state comparison), and plain decoding's
+    tokens are lost."""
     B = 8
     model, rule, graph = calibrated(B, "static")
     cases = prompts(B, n=6)
-    assert_lossless(spiffy_with(graph), model, rule, cases, 24)       # intact: lossless
+    one_sync = functools.partial(spiffy_generate, graph=graph, walk=fast.walk)
+    assert_lossless(one_sync, model, rule, cases, 24)                  # intact: lossless
 
     def same_reveal_count(copies, state):
         return (copies != MASK_ID).sum(-1) == (state != MASK_ID).sum(-1)
-    monkeypatch.setattr(verify, "same_state", same_reveal_count)
+    monkeypatch.setattr(fast, "same_state", same_reveal_count)
     with pytest.raises(AssertionError, match="differs from plain decoding"):
-        assert_lossless(spiffy_with(graph), model, rule, cases, 24)
+        assert_lossless(one_sync, model, rule, cases, 24)
 
 
 @pytest.mark.parametrize("fuse_commit", [True, False], ids=["fused", "separate"])

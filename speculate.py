@@ -149,8 +149,7 @@ def agree(p_target, d, rule, generator=None):
 
 def correct(p_target, p_draft, rule, generator=None):
     """Each row's token if its draft is rejected: drawn from norm(max(0, p_target - p_draft))
-    (from p_target itself when that is all zero; the Exp(1) race, torch.multinomial's draw
-    without its host syncs), the most likely one when greedy."""
+    (p_target if all zero; torch.multinomial's Exp(1) race, no sync), argmax when greedy."""
     if rule.temperature == 0:
         return p_target.argmax(-1)
     residual = (p_target - p_draft).clamp(min=0)
@@ -238,8 +237,8 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
                    accept=None):
     """SimSD decoding; decode.generate's arguments and output, plus: drafter, a Transformer of
     the target's vocabulary (batch 1); verifier: "copies" (lossless) or "temporal" (the
-    paper's); draft_steps, draft_threshold, draft_stop, gamma: `draft`'s (DRAFT_STEPS,
-    B x (1 + lookahead)); lookahead: blocks past the open one a round may draft (LOOKAHEAD;
+    paper's); draft_steps, draft_threshold, draft_stop, gamma: `draft`'s (DRAFT_STEPS or
+    gamma; B x (1 + lookahead)); lookahead: blocks past the open one a round may draft (LOOKAHEAD;
     copies only); rope_copy, order: the temporal path's ablations; copy_commit: Session's.
     Speed devices (fast.py): walk, cut(guesses) -> the copies verified. Variants (variants.py):
     propose(front, ahead) -> Draft instead of the drafter, extra (verify.walk's: the hint they
@@ -249,7 +248,8 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     B, temporal = rule.block_size, verifier == "temporal"
     lookahead = (0 if temporal else LOOKAHEAD) if lookahead is None else lookahead
     gamma = B * (1 + lookahead) if gamma is None else gamma
-    draft_steps = DRAFT_STEPS.get(B, 1) if draft_steps is None else draft_steps
+    if draft_steps is None:      # one token a step (no draft_threshold): gamma steps, the paper's
+        draft_steps = DRAFT_STEPS.get(B, 1) if draft_threshold else gamma
     check_settings(verifier, lookahead, gamma, draft_steps, draft_threshold, draft_stop, rope_copy,
                    order)
     ids, syncs, t0 = check_prompt(prompt, c, max_new_tokens), SYNCS["host"], time.perf_counter()

@@ -19,7 +19,7 @@ from verify import walk as walk_stepwise
 STATIC_ROWS = 512   # static shapes: the most query rows a forward (a larger one is an error)
 
 
-def stateless(rule):
+def greedy_fixed_quota(rule):
     """A step of `rule` depends on nothing but the state and its logits: no random draw, and
     the same quota at every step index. Such a rule can step many states in one call."""
     return rule.temperature == 0 and rule.strategy != "random" and len(set(rule.quota)) == 1
@@ -27,14 +27,14 @@ def stateless(rule):
 
 def walk(logits, g, step, rule, generator=None, extra=no_extra):
     """verify.walk's result. With nothing guessed, one step without the copies' bookkeeping;
-    for a stateless rule the rule steps EVERY copy in one batched call, whether the walk
-    reaches it or not; which copy each new state is, is found on the device too, and only the
-    chain is followed on the host: ONE host sync."""
+    for a greedy rule with a fixed quota, the rule steps EVERY copy in one batched call, whether
+    the walk reaches it or not; which copy each new state is, is found on the device too, and
+    only the chain is followed on the host: ONE host sync."""
     if len(g.counts) == 1:                      # nothing guessed: one step, nothing to compare
         new = rule(logits, g.copies[0], step, generator)
         host, *hint = to_host(new, *extra(logits, g.copies, new[None]))
         return Walk([(logits, new)], host, [h[0] for h in hint], [], [None], [])
-    if not stateless(rule):
+    if not greedy_fixed_quota(rule):
         return walk_stepwise(logits, g, step, rule, generator, extra)
     each, copies = logits.split(g.counts), g.copies
     block_of, goes_on, first = successors(g)
@@ -65,9 +65,9 @@ def successors(g):
     for i, p in enumerate(parent):
         if p >= 0 and g.counts[i] == B:
             first.setdefault(p, i)
-    open_ = [int(g.counts[i] > 0 or i in first) for i in range(n)]
-    block_of, open_ = to_device([parent, open_], g.copies.device)
-    return block_of, open_.bool(), first
+    goes_on = [int(g.counts[i] > 0 or i in first) for i in range(n)]
+    block_of, goes_on = to_device([parent, goes_on], g.copies.device)
+    return block_of, goes_on.bool(), first
 
 
 def same_state(copies, state):
@@ -77,13 +77,13 @@ def same_state(copies, state):
 
 def sized(g, cost):
     """The prefix of Guesses g with the most expected steps a second: copy i is worth
-    g.chance[i] steps (the proposer's guess that the walk reaches it; the open block's own
+    g.reach[i] steps (the proposer's guess that the walk reaches it; the open block's own
     state 1), and a forward of n copies takes cost(n) seconds (a cost table, costs.py)."""
-    if g.chance is None:
+    if g.reach is None:
         return g
     value, best = 0.0, (0.0, 1)
-    for n, chance in enumerate(g.chance, 1):
-        value += chance
+    for n, reach in enumerate(g.reach, 1):
+        value += reach
         best = max(best, (value / cost(n), n))
     return g.prefix(best[1])
 

@@ -43,7 +43,7 @@ class Draft:
     tokens: list    # d_i
     tau: list       # step labels 1, 2, ... (equal within one drafter step)
     p_draft: torch.Tensor = None   # (n, V) the drafter's distribution where each was drafted
-    chance: list = None            # the chance the target reaches each draft's state (a guess)
+    reach: list = None             # the odds the target reaches each draft's state (a guess)
 
 
 def draft(sess, front, rule, steps, ahead, threshold, stop, gamma, stops, generator=None):
@@ -79,11 +79,11 @@ def draft(sess, front, rule, steps, ahead, threshold, stop, gamma, stops, genera
         if stop:                                   # the best confidence left, below `stop`
             left = conf.masked_fill(reveal, -1.0).amax()
             alive &= (left < 0) | (left >= stop)
-    chance = p_at.gather(-1, window[:, None]).squeeze(-1)
-    tokens, tau, key, chance = to_host(window, tau, key, chance)          # the one host sync
+    reach = p_at.gather(-1, window[:, None]).squeeze(-1)
+    tokens, tau, key, reach = to_host(window, tau, key, reach)          # the one host sync
     at = sorted((i for i in range(W) if tau[i]), key=key.__getitem__)
     return Draft(at, [tokens[i] for i in at], [tau[i] for i in at],
-                 p_at[to_device(at, window.device)], list(accumulate(chance[i] for i in at)))
+                 p_at[to_device(at, window.device)], list(accumulate(reach[i] for i in at)))
 
 
 def drafted_states(front, d, ahead, stops, mask_id, every=True):
@@ -93,26 +93,26 @@ def drafted_states(front, d, ahead, stops, mask_id, every=True):
     block before it (which that copy sees as its earlier block); after a complete last state
     holding no stop id, the next block's first state, while the draft may reach it."""
     B, block = len(front.host), 0
-    states, parent, chance, held = [list(front.host)], [-1], [1.0], [0]
+    states, parent, reach, drafted = [list(front.host)], [-1], [1.0], [0]
 
     def add(state, of, odds, n):
         states.append(state)
         parent.append(of)
-        chance.append(odds)
-        held.append(n)
+        reach.append(odds)
+        drafted.append(n)
     for i, p in enumerate(d.pos):
         if p // B > block:                     # on into the next block, after its complete copy
             block = p // B
-            add([mask_id] * B, len(states) - 1, chance[-1], i)
-        state = list(states[-1]) if held[-1] == i else state
+            add([mask_id] * B, len(states) - 1, reach[-1], i)
+        state = list(states[-1]) if drafted[-1] == i else state
         state[p % B] = d.tokens[i]
         if every or i + 1 == len(d.pos) or d.tau[i + 1] != d.tau[i]:
-            add(state, parent[-1], d.chance[i] if d.chance else 1.0, i + 1)
+            add(state, parent[-1], d.reach[i] if d.reach else 1.0, i + 1)
     if mask_id not in states[-1] and block < ahead and not stops.intersection(states[-1]):
-        add([mask_id] * B, len(states) - 1, chance[-1], len(d.pos))
+        add([mask_id] * B, len(states) - 1, reach[-1], len(d.pos))
     copies = to_device(states, front.block.device) if len(states) > 1 else front.block[None]
     return Guesses(copies, [s.count(mask_id) for s in states],
-                   parent if max(parent) >= 0 else None, chance, held)
+                   parent if max(parent) >= 0 else None, reach, drafted)
 
 
 def verify_temporal(sess, front, d, rule, rope_copy=True):
@@ -194,7 +194,7 @@ def temporal_round(sess, propose, rule, rope_copy, order, generator, stats, extr
         if order == "position":          # left to right, one a step
             by = sorted(range(len(d.pos)), key=d.pos.__getitem__)
             d = Draft(sorted(d.pos), [d.tokens[i] for i in by], [i + 1 for i in range(len(by))],
-                      d.p_draft[to_device(by, front.block.device)], d.chance)
+                      d.p_draft[to_device(by, front.block.device)], d.reach)
         logits = verify_temporal(sess, front, d, rule, rope_copy)
         block, k = accept_temporal(logits, front, d, rule, generator)
         slots = d.pos + undrafted(front, d, rule.mask_id)      # the slots by position:

@@ -97,7 +97,7 @@ def build_drafts(ranked, state, graph, budget, rule):
     """Instantiate the graph's nodes on `state` from its `ranks` (both as host lists: the round
     brought them back with its one host sync); keep the `budget` best by the geometric mean
     of their token probabilities and their children's scores (bottom-up).
-    -> (block states (lists), one per kept node, best first; each one's chance: the product
+    -> (block states (lists), one per kept node, best first; each one's reach: the product
     of its reveals' probabilities, what sized by a cost table copies weigh a copy by)."""
     order, tok_order, p = ranked
     m = state.count(rule.mask_id)                              # masked positions rank first
@@ -136,18 +136,18 @@ def draft_copies(ranked, state, block, graph, budget, rule, cross, stops):
     that draft), when `cross` (a block after this one is wanted) and the draft holds none of
     the `stops` ids (decoding would end there). -> verify.Guesses."""
     drafts, chances = build_drafts(ranked, state, graph, budget, rule) if graph else ([], [])
-    host, parent, chance = [state], [-1], [1.0]
+    host, parent, reach = [state], [-1], [1.0]
     for d, p in zip(drafts, chances):
         crosses = cross and rule.mask_id not in d and not stops.intersection(d)
         if len(host) + crosses > budget:
             break
-        host, parent, chance = host + [d], parent + [-1], chance + [p]
+        host, parent, reach = host + [d], parent + [-1], reach + [p]
         if crosses:                    # its next block's first step comes with the forward too
             host, parent = host + [[rule.mask_id] * rule.block_size], parent + [len(host) - 1]
-            chance.append(p)
+            reach.append(p)
     copies = to_device(host, block.device) if len(host) > 1 else block[None]
     counts = [s.count(rule.mask_id) for s in host]
-    return Guesses(copies, counts, parent if max(parent) >= 0 else None, chance)
+    return Guesses(copies, counts, parent if max(parent) >= 0 else None, reach)
 
 
 @torch.no_grad()

@@ -49,11 +49,11 @@ def trajectory(front, rule, ahead):
     m = front.n_masked
     first = sum(p[i][0] > rule.threshold for i in range(m)) if rule.strategy == \
         "low_confidence_dynamic" else 1                      # the threshold rule's first step
-    chance = [p[0][0]]
+    reach = [p[0][0]]
     for i in range(1, m):
-        chance.append(chance[-1] * p[i][0])
+        reach.append(reach[-1] * p[i][0])
     return Draft(order[:m], [tok[i][0] for i in range(m)],
-                 [max(1, i + 2 - max(first, 1)) for i in range(m)], None, chance)
+                 [max(1, i + 2 - max(first, 1)) for i in range(m)], None, reach)
 
 
 def lookup(context, n, want):
@@ -88,8 +88,8 @@ def lookup_draft(front, rule, n, ahead, stops, hinted=True):
         rank = {q: r for r, q in enumerate(front.hint[0])}
         inside = [p for p in pos if p < B]
         pos = sorted(inside, key=rank.get) + pos[len(inside):]
-    chance = [LOOKUP_CHANCE[0] * LOOKUP_CHANCE[1] ** i for i in range(len(pos))]
-    return Draft(pos, [full[p] for p in pos], list(range(1, len(pos) + 1)), None, chance)
+    reach = [LOOKUP_CHANCE[0] * LOOKUP_CHANCE[1] ** i for i in range(len(pos))]
+    return Draft(pos, [full[p] for p in pos], list(range(1, len(pos) + 1)), None, reach)
 
 
 def point(d, vocab, device):
@@ -116,21 +116,22 @@ def on_copies(accept_rule, gate=GATE):
     the logits of the drafter's states as block copies (every drafted state verified). ->
     accept(logits, guesses, draft, front, rule, generator, stats) -> decode.Advance."""
     def accept(logits, g, d, front, rule, generator, stats):
-        src = [g.held.index(k + 1) - 1 for k in range(len(d.pos))]   # the state draft k was
-        at = [p % g.copies.shape[1] for p in d.pos]                   # drafted in, and where
+        drafted_in = [g.drafted.index(k + 1) - 1 for k in range(len(d.pos))]   # copy before draft k
+        at = [p % g.copies.shape[1] for p in d.pos]                             # and its position
         p_target = rule.probs(logits[packed_index(g.copies, rule.mask_id)[
-            to_device(src, g.copies.device), to_device(at, g.copies.device)]])
+            to_device(drafted_in, g.copies.device), to_device(at, g.copies.device)]])
         ok = agree(p_target, d, rule, generator)
-        sure = target_sure(logits, g.copies, d, src, rule, gate) if accept_rule == "gated" else ok
+        gated = accept_rule == "gated"
+        sure = target_sure(logits, g.copies, d, drafted_in, rule, gate) if gated else ok
         k, sure = map(int, to_host(first_true(~(ok & sure)), first_true(~sure)))
-        c = src[k] if k < len(src) else len(g.counts) - 1
+        c = drafted_in[k] if k < len(drafted_in) else len(g.counts) - 1
         crossed, taken = ended_in(g.parent, c)
         block, steps = g.copies[c].clone(), taken
-        if k < len(src) and k < sure or k < len(src) and accept_rule == "paper":  # rejected:
+        if k < len(drafted_in) and (k < sure or not gated):     # rejected (and, gated, sure):
             block[d.pos[k] % len(block)] = correct(p_target[k], d.p_draft[k], rule, generator)
             why, steps = "draft rejected", taken + 1                       # the correction
         else:                       # every draft accepted, or the target unsure: its own step
-            why = "every draft accepted" if k == len(src) else "target unsure"
+            why = "every draft accepted" if k == len(drafted_in) else "target unsure"
             if g.counts[c]:
                 at = front.step + taken if not crossed else taken
                 block = rule(logits.split(g.counts)[c], g.copies[c], at, generator)
@@ -145,12 +146,12 @@ def on_copies(accept_rule, gate=GATE):
     return accept
 
 
-def target_sure(logits, copies, d, src, rule, gate):
+def target_sure(logits, copies, d, drafted_in, rule, gate):
     """(n,) bool: the target is sure of draft k's position in the state it was drafted in: it
     is the target's most confident masked position there, or its confidence is above gate."""
     B, pos = copies.shape[1], to_device(d.pos, copies.device) % copies.shape[1]
     top = rule.top_confidence(logits)[packed_index(copies, rule.mask_id)]    # (m, B)
-    top = top.masked_fill(copies != rule.mask_id, -1.0)[to_device(src, copies.device)]
+    top = top.masked_fill(copies != rule.mask_id, -1.0)[to_device(drafted_in, copies.device)]
     return (top.argmax(-1) == pos) | (top[torch.arange(len(pos), device=pos.device), pos] > gate)
 
 

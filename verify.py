@@ -34,14 +34,14 @@ class Guesses:
     parent: list = None    # None: every copy is a state of the open block; else parent[i] = -1
                            # for those, or the index of the COMPLETE copy of the block before
                            # the block copy i is a state of (always an earlier copy)
-    chance: list = None    # the proposer's guess that the walk reaches each copy (fast.sized)
-    held: list = None      # drafts each copy holds (SimSD's: its drafts accepted)
+    reach: list = None     # the proposer's guess that the walk reaches each copy (fast.sized)
+    drafted: list = None   # drafts each copy holds (SimSD's: its drafts accepted)
 
     def prefix(self, n):
         """The first n copies (a copy's parent comes before it: still a whole)."""
         cut = lambda x: x if x is None else x[:n]   # noqa: E731
-        return Guesses(self.copies[:n], self.counts[:n], cut(self.parent), cut(self.chance),
-                       cut(self.held))
+        return Guesses(self.copies[:n], self.counts[:n], cut(self.parent), cut(self.reach),
+                       cut(self.drafted))
 
 
 def propose_nothing(front, room):
@@ -146,19 +146,19 @@ def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=wal
 
 
 def tally(stats, g, w):
-    """A round's counts: steps walked, copies verified besides the open block, blocks finished
-    ahead; with g.held, the drafts accepted (the most any state the walk reached holds) and
-    why the round ended."""
+    """A round's counts: steps walked, copies verified, blocks finished ahead; with g.drafted,
+    drafts accepted (the most any state the walk reached holds) and why the round ended."""
     stats["steps", len(w.path)] += 1
     stats["copies", len(g.counts) - 1] += 1
     stats["blocks_ahead"] += len(w.crossed)
-    if g.held and max(g.held):
+    if g.drafted and max(g.drafted):
         depth = lineage(g.parent)[0] if g.parent else [0] * len(g.counts)
         ended = [c for c, s in enumerate(w.copies) if s == w.host and depth[c] == len(w.crossed)]
-        k = max(g.held[c] for c in [0, *w.visited, *ended])
+        k = max(g.drafted[c] for c in [0, *w.visited, *ended])
         stats["accepted", k] += 1
-        stats["end", "every draft accepted" if k == max(g.held) else "target chose otherwise"] += 1
-    elif g.held is not None:
+        why = "every draft accepted" if k == max(g.drafted) else "target chose otherwise"
+        stats["end", why] += 1
+    elif g.drafted is not None:
         stats["accepted", 0] += 1
         stats["end", "nothing drafted"] += 1
 

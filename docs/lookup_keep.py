@@ -29,7 +29,7 @@ for kind in ("arith", "copy", "text"):
             before = dict(stats)
             real(stats, g, w)
             a = next((k[1] for k in stats if k[0] == "accepted" and stats[k] != before.get(k)), 0)
-            of = max(g.held or [0])
+            of = max(g.drafted or [0])
             rounds["all"] += 1
             rounds["proposed"] += of > 0
             for k in range(min(a + 1, of)):

@@ -245,12 +245,12 @@ def test_cost_sized_copies_never_change_the_output(method):
 
 
 def test_the_copies_are_cut_to_the_prefix_that_pays():
-    """fast.sized: the prefix with the most expected steps a second (chance: each copy's)."""
+    """fast.sized: the prefix with the most expected steps a second (reach: each copy's)."""
     g = Guesses(torch.zeros(5, 4, dtype=torch.long), [4, 3, 2, 1, 0], None, [1.0, 0.9, 0.8, 0.1, 0.05])
     assert len(fast.sized(g, lambda n: 1.0).counts) == 5                     # flat: every copy
     assert len(fast.sized(g, lambda n: float(n) ** 3).counts) == 1           # steep: none
     assert len(fast.sized(g, lambda n: 1.0 + 0.3 * n).counts) == 3           # 2.7 / 1.9 is the best
-    assert fast.sized(g, lambda n: 1.0 + 0.3 * n).chance == [1.0, 0.9, 0.8]
+    assert fast.sized(g, lambda n: 1.0 + 0.3 * n).reach == [1.0, 0.9, 0.8]
     assert fast.cutter(None, None, 4) is None and len(fast.cutter(None, 9, 4)(g).counts) == 2
 
 

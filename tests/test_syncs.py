@@ -1,5 +1,5 @@
 """Host syncs: one per target forward in plain, threshold and Spiffy decoding (Spiffy with a
-stateless rule, fast.stateless; a sampled walk syncs once a step). A sync makes the host wait for the GPU's queue to
+greedy rule with a fixed quota, fast.greedy_fixed_quota; a sampled walk syncs once a step). A sync makes the host wait for the GPU's queue to
 drain; the decoders make theirs through decode.to_host, and none anywhere else.
 
 On the CPU nothing waits, so the test counts what would sync on a GPU: a tensor read as a

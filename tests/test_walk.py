@@ -3,7 +3,7 @@
 - verify.walk, plain decoding's loop (any rule), against a reference written here the
   obvious way (a dict from each verified state to its logits): the same path, the same random
   draws (greedy and seeded sampling);
-- fast.walk, the fast path for a stateless rule (every copy stepped in one call), against
+- fast.walk, the fast path for a greedy rule with a fixed quota (every copy stepped in one call), against
   verify.walk: the same path, logits and host results, with Spiffy's ranks as `extra`;
 - walk dispatches to the one that applies;
 - host syncs (tests/test_syncs.py's counter): fast.walk makes ONE, verify.walk one a step.
@@ -137,7 +137,7 @@ def test_the_stepwise_walk_is_plain_decoding_through_the_verified_states(rule_kw
 @pytest.mark.parametrize("rule_kw", list(STATELESS.values()), ids=list(STATELESS))
 def test_the_batched_walk_takes_the_stepwise_walks_path(rule_kw):
     rule, lengths = make_rule(rule_kw), []
-    assert fast.stateless(rule)
+    assert fast.greedy_fixed_quota(rule)
     for seed in SEEDS:
         logits, copies, counts, step = random_round(rule, seed)
         for extra in (verify.no_extra, with_ranks(rule)):
@@ -165,7 +165,7 @@ def walk_result(w):
 @pytest.mark.parametrize("rule_kw", list(STATEFUL.values()), ids=list(STATEFUL))
 def test_walk_steps_a_stateful_rule_one_step_at_a_time(rule_kw):
     rule = make_rule(rule_kw)
-    assert not fast.stateless(rule)
+    assert not fast.greedy_fixed_quota(rule)
     for seed in SEEDS[:4]:
         logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
         g = verify.Guesses(copies, counts)
@@ -181,7 +181,7 @@ def test_the_batched_walk_syncs_once_and_the_stepwise_walk_once_a_step(rule_kw, 
     for seed in SEEDS:
         logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
         extra, g = with_ranks(rule), verify.Guesses(copies, counts)
-        if fast.stateless(rule):
+        if fast.greedy_fixed_quota(rule):
             syncs.count = 0
             with syncs:
                 fast.walk(logits, g, step, rule, None, extra)
@@ -193,7 +193,7 @@ def test_the_batched_walk_syncs_once_and_the_stepwise_walk_once_a_step(rule_kw, 
         syncs.count = 0
         with syncs:
             fast.walk(logits, g, step, rule, seeded(seed), extra)
-        assert syncs.count == (1 if fast.stateless(rule) else len(path)), seed
+        assert syncs.count == (1 if fast.greedy_fixed_quota(rule) else len(path)), seed
         lengths.append(len(path))
     assert max(lengths) >= 3, f"vacuous: walk lengths {lengths}"
 
@@ -283,7 +283,7 @@ def test_the_walk_across_blocks_is_plain_decoding_through_the_verified_states(ru
         assert [new.tolist() for _, new in path] == expected and state == expected[-1], seed
         assert crossed == ref_crossed and w.hint == [], seed
         assert torch.equal(gen.get_state(), ref_gen.get_state()), "not plain decoding's draws"
-        if fast.stateless(rule):
+        if fast.greedy_fixed_quota(rule):
             batched_w = fast.walk(logits, g, step, rule)
             quick, fast_state, fast_crossed = batched_w.path, batched_w.host, batched_w.crossed
             assert [new.tolist() for _, new in quick] == expected and fast_crossed == crossed, seed

@@ -16,10 +16,63 @@ from pathlib import Path
 
 import torch
 
-from model import HF_KEYS, ModelConfig, Transformer
+from model import ModelConfig, Transformer
 from util import atomic_write, read_json
 
 # ---- config.json ----
+# each ModelConfig field's config.json name (check_config's messages use them too)
+HF_KEYS = dict(vocab_size="vocab_size", n_layer="num_hidden_layers", n_head="num_attention_heads",
+               n_kv_head="num_key_value_heads", n_embd="hidden_size", head_dim="head_dim",
+               intermediate_size="intermediate_size", rope_theta="rope_theta",
+               norm_eps="rms_norm_eps", tie_embeddings="tie_word_embeddings",
+               block_size="block_size", block_sizes="block_sizes", mask_token_id="mask_token_id",
+               eos_token_id="eos_token_id", max_seq_len="max_position_embeddings")
+# the shapes of the SDAR checkpoints (sol.py), and a tiny one for the tests
+SDAR = dict(vocab_size=151936, rope_theta=1e6, mask_token_id=151669, eos_token_id=151643,
+            max_seq_len=32768, head_dim=128)
+PRESETS = {
+    "sdar-1.7b": dict(SDAR, n_layer=28, n_embd=2048, n_head=16, n_kv_head=8,
+                      intermediate_size=6144, tie_embeddings=True),
+    "sdar-4b": dict(SDAR, n_layer=36, n_embd=2560, n_head=32, n_kv_head=8,
+                    intermediate_size=9728, tie_embeddings=True),
+    "sdar-8b": dict(SDAR, n_layer=36, n_embd=4096, n_head=32, n_kv_head=8,
+                    intermediate_size=12288, tie_embeddings=False),
+    "tiny": dict(vocab_size=97, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16,
+                 intermediate_size=128, mask_token_id=3, eos_token_id=2, max_seq_len=1024),
+    # SDAR's vocabulary on a tiny trunk: the head is most of a forward (sol.py)
+    "qwen-vocab-2l": dict(SDAR, n_layer=2, n_embd=256, n_head=4, n_kv_head=2, head_dim=64,
+                          intermediate_size=768, tie_embeddings=True),
+}
+
+
+def check_config(self):
+    """Refuse a ModelConfig whose network cannot be built or run, in one line that uses
+    config.json's names; -> the config."""
+    for name in ("vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim",
+                 "intermediate_size", "block_size", "max_seq_len"):
+        if getattr(self, name) < 1:
+            raise ValueError(f"{HF_KEYS[name]} must be >= 1, got {getattr(self, name)}")
+    if not (self.rope_theta > 0 and self.norm_eps > 0):
+        raise ValueError(f"rope_theta and rms_norm_eps must be > 0, got {self.rope_theta}, "
+                         f"{self.norm_eps}")
+    if self.n_head % self.n_kv_head:
+        raise ValueError(f"num_attention_heads ({self.n_head}) is not a multiple of "
+                         f"num_key_value_heads ({self.n_kv_head})")
+    if self.head_dim % 2:
+        raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
+    if not 0 <= self.mask_token_id < self.vocab_size:  # (an odd EOS id only never stops)
+        raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
+                         f"(vocab_size {self.vocab_size})")
+    if not all(0 <= i < self.vocab_size for i in self.stop_ids):
+        raise ValueError(f"eos_token_id {list(self.stop_ids)} holds an id outside the "
+                         f"vocabulary (vocab_size {self.vocab_size})")
+    if any(b < 1 for b in self.block_sizes) or \
+            (self.block_sizes and self.block_size not in self.block_sizes):
+        raise ValueError(f"block_sizes {list(self.block_sizes)} must be >= 1 and include "
+                         f"block_size {self.block_size}")
+    return self
+
+
 # what config.json may leave out (rope_theta: checked apart, it may sit in rope_parameters)
 OPTIONAL = {"head_dim", "tie_embeddings", "block_sizes", "eos_token_id", "max_seq_len", "rope_theta"}
 FIELD_TYPES = dict(rope_theta=float, norm_eps=float, tie_embeddings=bool, block_sizes=list)  # else int
@@ -105,7 +158,7 @@ def config_from_hf(hf, source="config.json", generation=None, cls=ModelConfig):
               eos_token_id=kw.get("eos_token_id", 151643),        # Qwen's <|endoftext|>
               stop_ids=tuple(stops) if len(stops) > 1 else ())
     try:
-        return cls(**kw)
+        return check_config(cls(**kw))
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
 

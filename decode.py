@@ -1,15 +1,9 @@
 """Plain block-diffusion decoding: SDAR's block_diffusion_generate (docs/design.md, section 2).
 
-- `DecodeRule`: one denoising step, from a block's logits to its next state.
-- `Session`: a model's cursor over its static KV cache, with the commit forward optionally
-  fused into the next block's first forward (one forward a block less than SDAR's loop).
-- `round_loop`: the round loop every decoder shares (plain, SimSD, Spiffy) over a `Frontier` (the
-  open block; the committed cache lives in the sessions): a round takes the frontier to the
-  next one and says which blocks it completed; the loop commits them and decides the stop.
-- `generate`: plain decoding, the reference the speculative decoders are tested against: a
-  round is one forward and one step of the rule.
-- `to_host` / `to_device`: the only ways values cross between host and device while decoding:
-  one host sync per target forward in plain decoding (tests/test_syncs.py counts them).
+DecodeRule is one denoising step; Session a model's cursor over its KV cache; round_loop the
+loop every decoder shares (a round takes the open block, a Frontier, to the next one); generate
+is plain decoding, the reference the speculative decoders are tested against. Values cross
+between host and device only through to_host / to_device (tests/test_syncs.py counts them).
 """
 import math
 import time
@@ -28,25 +22,16 @@ EB_THRESHOLD = 0.35   # entropy_bounded's bound on a step's summed entropy (SDAR
 class DecodeRule:
     """One denoising step of SDAR's decoder: from a block's logits to its next state.
 
-    For every masked position a token is drawn from `probs` (temperature, then top-k / top-p;
-    argmax when greedy) and scored by SDAR's confidence: the token's probability under the
-    temperature-scaled softmax over the WHOLE vocabulary, mask token included, before top-k /
-    top-p. The strategy picks the positions to reveal (SDAR's names and parameters):
-      low_confidence_static   the `steps`-quota most confident masked positions;
-      low_confidence_dynamic  every position whose confidence is strictly above `threshold`
-                              (Fast-dLLM's threshold rule), and at least the static quota;
-      random                  the quota of positions drawn uniformly (SDAR's random remasking);
-      sequential              the quota of leftmost masked positions;
-      entropy_bounded         by increasing entropy of `probs`, the longest run whose summed
-                              entropy stays below `eb_threshold`, at least one (the EB-sampler;
-                              no quota).
-    Ties go to the leftmost position, and a greedy token tie to the lowest id, everywhere in
-    the project.
-
-    A revealed token is never the mask token. SDAR's greedy path (top-k = 1 over the whole
-    vocabulary) would commit the mask token where it is the most likely one, leaving that
-    position masked for good; here such a position gets its most likely other token, scored
-    with the same full-vocabulary softmax (so its confidence is low)."""
+    Each masked position draws a token from `probs` (temperature, top-k / top-p; argmax when
+    greedy), scored by SDAR's confidence: its probability under the temperature-scaled softmax
+    over the WHOLE vocabulary, before top-k / top-p. The strategy picks the positions revealed:
+      low_confidence_static   the step's quota (block_size / steps) of most confident ones;
+      low_confidence_dynamic  every one above `threshold` (Fast-dLLM), at least the quota;
+      random, sequential      the quota, drawn uniformly / leftmost first;
+      entropy_bounded         surest first, the longest run whose summed entropy stays below
+                              `eb_threshold`, at least one (the EB-sampler).
+    Ties go to the leftmost position, a greedy token tie to the lowest id. A revealed token is
+    never the mask token (SDAR's greedy path could reveal it, masking the position for good)."""
     mask_id: int
     block_size: int = 4
     strategy: str = "low_confidence_static"
@@ -74,28 +59,21 @@ class DecodeRule:
                              f"{self.threshold} and {self.eb_threshold}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        # SDAR splits the block evenly over the steps, the remainder going to the first steps
-        base, extra = divmod(self.block_size, self.steps)
-        self.quota = [base + (s < extra) for s in range(self.steps)]
+        base, extra = divmod(self.block_size, self.steps)     # SDAR's: the first steps take
+        self.quota = [base + (s < extra) for s in range(self.steps)]   # the remainder
 
-
-    def scaled(self, logits):
-        """fp32 logits / temperature: SDAR's confidence is their softmax over the whole
-        vocabulary, mask token included."""
-        scaled = logits.float()
-        return scaled / self.temperature if self.temperature not in (0, 1) else scaled
-
-    def no_mask(self, logits):
-        """scaled, the mask token's at -inf (revealing a mask would reveal nothing)."""
-        scaled = self.scaled(logits).clone()
-        scaled[..., self.mask_id] = -math.inf    # (a scalar index: no host-to-device copy)
+    def scaled(self, logits, no_mask=False):
+        """fp32 logits / temperature (SDAR's confidence is their softmax over the whole
+        vocabulary); no_mask: the mask token's at -inf (revealing it would reveal nothing)."""
+        scaled = logits.float() / (self.temperature or 1)     # (/ 1: the same bits, a new tensor)
+        if no_mask:
+            scaled[..., self.mask_id] = -math.inf   # (a scalar index: no host-to-device copy)
         return scaled
 
     def probs(self, logits):
         """(n, V) logits -> (n, V) fp32 distribution tokens are drawn from: temperature, the
-        mask token removed, then top-k and top-p. A row's softmax is its own: probs(x)[rows]
-        is probs(x[rows]) to the bit."""
-        logits = self.no_mask(logits)
+        mask token removed, then top-k and top-p (row by row: probs(x)[r] is probs(x[r]))."""
+        logits = self.scaled(logits, no_mask=True)
         if self.top_k is not None:
             kth = logits.topk(min(self.top_k, logits.shape[-1])).values[:, -1:]
             logits = logits.masked_fill(logits < kth, -math.inf)
@@ -113,19 +91,14 @@ class DecodeRule:
         return (scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(-1)).exp()
 
     def best(self, logits):
-        """(n,) each row's most likely non-mask token and its confidence, SDAR's (top-k and
-        top-p never drop the most likely token)."""
-        top, tokens = self.no_mask(logits).max(-1)
+        """(n,) each row's most likely non-mask token and its confidence (top-k and top-p
+        never drop the most likely token)."""
+        top, tokens = self.scaled(logits, no_mask=True).max(-1)
         return tokens, (top - self.scaled(logits).logsumexp(-1)).exp()
 
-    def top_confidence(self, logits):
-        """(n,) best's confidence alone."""
-        return self.best(logits)[1]
-
     def pick(self, logits, generator=None, noise=None):
-        """Per row of (n, V) logits: a token drawn from `probs` (greedy: the most likely one,
-        `best`'s, with no softmax), and its confidence. noise: the rows' (n, V) Exp(1) draws
-        (default: drawn here). -> (tokens, confidence)."""
+        """Per row of (n, V) logits: a token drawn from `probs` (greedy: `best`'s) and its
+        confidence. noise: the rows' (n, V) Exp(1) draws (default: drawn here)."""
         if self.temperature == 0:
             return self.best(logits)
         if noise is None:   # torch.multinomial's own draw (the same tokens on a CPU)
@@ -134,11 +107,10 @@ class DecodeRule:
         return tokens, self.confidence(logits, tokens)
 
     def __call__(self, logits, block, step, generator=None):
-        """block: (..., B) with mask_id at unknown positions; logits: (..., B, V) for every
-        position of it, or packed, (M, V) for its M masked positions only, in order (what the
-        decoders compute: a known position is never read); step: index of this step within
-        the block. Returns the next state of the block (of every block at once, when
-        batched). No host sync: every position is scored and ranked, the known ones last."""
+        """block: (..., B), mask_id where unknown; logits: (..., B, V) at every position, or
+        packed, (M, V) at its M masked positions in order (a known one is never read); step:
+        this step's index within the block. -> the next state of the block (of every block,
+        batched), with no host sync."""
         masked = block == self.mask_id                                  # (..., B)
         rows, packed = logits.flatten(0, -2), logits.shape[:-1] != block.shape   # (M, V)
         at = packed_index(block, self.mask_id) if packed else \
@@ -194,11 +166,9 @@ STRATEGIES = ("low_confidence_static", "low_confidence_dynamic", "random", "sequ
 class Session:
     """A model's decoding cursor over its KV cache: `committed` rows are final; a finished
     block waits in `pending` until the next forward carries it in as extra queries (fused
-    commit), or is written at once by its own forward (SDAR's separate commit). Both give the
-    same tokens in exact arithmetic and in fp32 (tested); in bf16 the fused forward's other
-    shape rounds differently, so a near-tie can differ from SDAR's loop. A block that a
-    verification forward already holds as a complete copy can instead be kept from that
-    forward's own keys and values (commit's copy), with copy_commit."""
+    commit), or is written at once by its own forward (SDAR's separate commit): the same
+    tokens in fp32 (tested). copy_commit: a block a verification forward held as a complete
+    copy keeps that forward's keys and values instead (commit)."""
 
     def __init__(self, model, block_size, max_len, fuse_commit=True, copy_commit=False):
         self.model, self.block_size, self.max_len = model, block_size, max_len
@@ -210,9 +180,8 @@ class Session:
 
     def forward(self, tokens, pos, mask_for, keep, rows=None):
         """One forward of [pending ; tokens]. mask_for(prefix, n_commit) builds the mask_mod
-        (prefix = committed rows, n_commit = rows of the pending block); -> (keep, V) logits,
-        or (M, V) for `rows` (M,) of the kept rows only (a known position's logits are never
-        read, and with a large vocabulary the head is most of a small model's forward)."""
+        (prefix: committed rows; n_commit: the pending block's rows); -> (keep, V) logits,
+        or (M, V) for `rows` (M,) of the kept rows only (packed: the head at masked rows)."""
         n_commit = 0 if self.pending is None else len(self.pending)
         if n_commit:
             tokens = torch.cat([self.pending, tokens])
@@ -236,13 +205,11 @@ class Session:
             self.flush()
 
     def commit(self, block, copy=None):
-        """The finished `block` joins the cache. copy: where the last forward held it complete,
-        as its copy-th block of queries after the pending rows (a verification copy a walk went
-        past); with copy_commit its keys and values move into place in every layer's cache,
-        which is exact: the copy attended to what the committed block attends to, the cache and
+        """The finished `block` joins the cache. copy: the block of queries after the pending
+        rows where the last forward held it complete; with copy_commit its keys and values
+        move into place in every layer, which is exact: the copy attended to the cache and to
         itself, at the block's own positions. Otherwise it waits as pending rows of the next
-        forward (fused commit) or is written by a forward of its own (SDAR's). Blocks are
-        committed in order, so a kept row moves down before it is overwritten."""
+        forward (fused commit) or gets a forward of its own (SDAR's)."""
         if copy is not None and self.copy_commit:
             if self.pending is not None:     # (it would land above the block before it)
                 raise RuntimeError("a block kept from its copy after a pending one")
@@ -272,7 +239,6 @@ def to_host(*tensors):
     return [h.tolist() for h in host]
 
 
-
 def to_device(rows, device):
     """A nested list of ints -> a long tensor on `device`, without a host sync (a plain
     copy from pageable memory waits for the GPU; one from pinned memory need not)."""
@@ -284,8 +250,9 @@ def to_device(rows, device):
 
 def check_prompt(prompt, config, max_new_tokens):
     """Check the prompt on the host (ids in the vocabulary, no mask token, room for the
-    generation); -> its ids, a host list."""
-    ids = prompt_list(prompt)
+    generation); -> its ids, a host list (a tensor on a GPU: a sync a prompt)."""
+    ids = prompt if isinstance(prompt, list) and all(isinstance(i, int) for i in prompt) \
+        else torch.as_tensor(prompt).flatten().tolist()
     if not ids:
         raise ValueError("empty prompt")
     if max_new_tokens < 1:
@@ -300,18 +267,9 @@ def check_prompt(prompt, config, max_new_tokens):
     return ids
 
 
-def prompt_list(prompt):
-    """A prompt's ids as a host list (a tensor on a GPU: a sync a prompt)."""
-    if isinstance(prompt, list) and all(isinstance(i, int) for i in prompt):
-        return prompt
-    return torch.as_tensor(prompt).flatten().tolist()
-
-
 def stop_ids(config, eos_id=None):
     """The ids that end decoding: `eos_id` (one id or several) when given, else every id the
-    checkpoint lists (config.stop_ids: config.json's and generation_config.json's
-    eos_token_id, as SDAR's generate.py stops at each; a chat model ends its turn with
-    <|im_end|>), else config.eos_token_id."""
+    checkpoint lists (config.stop_ids: a chat model's <|im_end|> too), else its eos_token_id."""
     if eos_id is None:
         return frozenset(config.stop_ids or (config.eos_token_id,))
     return frozenset((eos_id,) if isinstance(eos_id, int) else eos_id)
@@ -319,21 +277,21 @@ def stop_ids(config, eos_id=None):
 
 @dataclass
 class Frontier:
-    """Where decoding stands between rounds, besides the sessions' committed caches: the open
-    block. A round reads it and returns the next one; nothing else carries over."""
+    """Where decoding stands between rounds, besides the sessions' caches: the open block."""
     block: torch.Tensor   # (B,) the open block's state, mask_id where unknown
     pos: torch.Tensor     # (B,) its positions
     n_masked: int         # how many of them are masked (on the host)
-    host: list = None     # the state on the host (None before a forward read it back)
+    host: list = None     # the state on the host
     step: int = 0         # the rule's step index within the block
-    hint: tuple = ()      # what the forward that made this state said of it (Spiffy's ranks)
-    context: list = ()    # the ids before the open block, on the host (round_loop's)
+    ranks: tuple = ()     # spiffy.ranks of this state, from the forward that made it, on the
+                          # host: (positions by confidence, their token order, their probs)
+    context: list = ()    # the ids before the open block, on the host
 
 
 @dataclass
 class Advance:
-    """What a round did: the blocks it completed, in order, as (state, host copy, index of its
-    complete copy in the round's verification forward or None), and the open block after."""
+    """A round's result: the blocks it completed, in order, as (state, host list, its complete
+    copy's index in the round's verification forward or None), and the open block after."""
     done: list
     front: Frontier
 
@@ -347,9 +305,15 @@ def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=N
     first, the verifier, from its copy where it has one), and here, in one place, decoding
     stops: at the first of the `stops` ids, at max_new_tokens, or when on_block(new ids)
     returns True (a caller's own stop, e.g. a stop string). prompt: its ids, a host list.
-    -> (new ids without the stop id, why it stopped: "stop_id", "max_new_tokens", "on_block")."""
+    -> (new ids without the stop id, stats: stop ("stop_id", "max_new_tokens", "on_block"),
+    tokens, seconds, host syncs, and the first session's forwards (nfe) and rows)."""
     B, mask_id, device = rule.block_size, rule.mask_id, sessions[0].device
-    n_prefix = len(prompt) // B * B
+    t0, syncs, n_prefix = time.perf_counter(), SYNCS["host"], len(prompt) // B * B
+
+    def finish(out, stop):
+        return out, dict(stop=stop, tokens=len(out), seconds=time.perf_counter() - t0,
+                         syncs=SYNCS["host"] - syncs, nfe=sessions[0].nfe,
+                         rows=dict(sessions[0].rows))
     for s in sessions:
         s.prefill(to_device(prompt[:n_prefix], device))
     out, known = [], len(prompt) - n_prefix          # known: prompt tokens in the open block
@@ -369,10 +333,10 @@ def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=N
             end = next((i for i, t in enumerate(new) if t in stops), len(new))
             out += new[:end]
             if on_block and on_block(new[:end]):
-                return out[:max_new_tokens], "on_block"
+                return finish(out[:max_new_tokens], "on_block")
             if end < len(new) or len(out) >= max_new_tokens:
                 stopped = end < len(new) and len(out) < max_new_tokens
-                return out[:max_new_tokens], "stop_id" if stopped else "max_new_tokens"
+                return finish(out[:max_new_tokens], "stop_id" if stopped else "max_new_tokens")
         if not front.n_masked:
             front = Frontier(torch.full_like(front.block, mask_id), front.pos + B, B, [mask_id] * B)
 
@@ -380,19 +344,16 @@ def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=N
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_id=None,
              generator=None, on_block=None):
-    """Plain block-diffusion decoding (SDAR's block_diffusion_generate): the round loop with a
-    round of one forward and one step of the rule, the reference the speculative decoders are
-    tested against. model: a Transformer (batch 1). prompt: token ids. rule: a DecodeRule
-    (default: the model's block size, one token per step, greedy). fuse_commit: write each
-    finished block into the cache during the next block's first forward (False: SDAR's extra
-    commit forward). eos_id: the stop id, or several (default: stop_ids(config)). generator:
-    torch.Generator for sampling. on_block(new_ids): called as each block is finished; True
-    stops decoding. Returns (new token ids without the stop id, stats with nfe, tokens,
-    seconds and stop: why it ended)."""
+    """Plain block-diffusion decoding (SDAR's block_diffusion_generate): a round is one
+    forward and one step of the rule. model: a Transformer (batch 1). prompt: token ids.
+    rule: a DecodeRule (default: the model's block size, one token a step, greedy).
+    fuse_commit: write each finished block into the cache during the next block's first
+    forward (False: SDAR's extra commit forward). eos_id: the stop id, or several (default:
+    stop_ids(config)). generator: a torch.Generator for sampling. on_block(new_ids): called
+    as each block is finished; True stops decoding. -> round_loop's (new ids, stats)."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
-    ids = check_prompt(prompt, c, max_new_tokens)
-    B, t0, syncs = rule.block_size, time.perf_counter(), SYNCS["host"]
+    ids, B = check_prompt(prompt, c, max_new_tokens), rule.block_size
     sess = Session(model, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
 
     def plain_round(front, room):                     # logits at the masked positions only
@@ -403,7 +364,4 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
         n_masked = host.count(rule.mask_id)
         return Advance([], Frontier(block, front.pos, n_masked, host, front.step + 1))
 
-    stops = stop_ids(c, eos_id)
-    out, stop = round_loop(plain_round, [sess], ids, rule, max_new_tokens, stops, on_block)
-    return out, dict(nfe=sess.nfe, tokens=len(out), seconds=time.perf_counter() - t0, stop=stop,
-                     rows=dict(sess.rows), syncs=SYNCS["host"] - syncs)
+    return round_loop(plain_round, [sess], ids, rule, max_new_tokens, stop_ids(c, eos_id), on_block)

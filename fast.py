@@ -13,10 +13,15 @@ import torch
 import torch.nn.functional as F
 
 from decode import to_device, to_host
-from verify import Walk, first_true, no_extra
+from verify import Guesses, Walk, no_extra
 from verify import walk as walk_stepwise
 
 STATIC_ROWS = 512   # static shapes: the most query rows a forward (a larger one is an error)
+
+
+def first_true(flags):
+    """Index of the first True along the last dim of a bool tensor; its length if none."""
+    return torch.cat([flags, flags.new_ones(*flags.shape[:-1], 1)], -1).int().argmax(-1)
 
 
 def greedy_fixed_quota(rule):
@@ -32,8 +37,8 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     only the chain is followed on the host: ONE host sync."""
     if len(g.counts) == 1:                      # nothing guessed: one step, nothing to compare
         new = rule(logits, g.copies[0], step, generator)
-        host, *hint = to_host(new, *extra(logits, g.copies, new[None]))
-        return Walk([(logits, new)], host, [h[0] for h in hint], [], [None], [])
+        host, *ranks = to_host(new, *extra(logits, g.copies, new[None]))
+        return Walk([(logits, new)], host, [h[0] for h in ranks], [], [None], [])
     if not greedy_fixed_quota(rule):
         return walk_stepwise(logits, g, step, rule, generator, extra)
     each, copies = logits.split(g.counts), g.copies
@@ -41,7 +46,7 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     new = rule(logits, copies, step)                                        # (n, B): each stepped
     hit = same_state(copies[None], new[:, None]) & (block_of[None] == block_of[:, None]) & goes_on
     more = extra(logits, copies, new)
-    nxt, new_h, all_copies, *hint = to_host(first_true(hit), new, copies, *more)
+    nxt, new_h, all_copies, *ranks = to_host(first_true(hit), new, copies, *more)
     path, crossed, visited = [0], [], []    # copy i's next state is copy nxt[i], if any
     while nxt[path[-1]] < len(copies):
         j = nxt[path[-1]]
@@ -51,7 +56,7 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
             j = first[j]
         path.append(j)
     last = path[-1]
-    return Walk([(each[i], new[i]) for i in path], new_h[last], [h[last] for h in hint], crossed,
+    return Walk([(each[i], new[i]) for i in path], new_h[last], [h[last] for h in ranks], crossed,
                 all_copies, visited)
 
 
@@ -75,6 +80,12 @@ def same_state(copies, state):
     return (copies == state).all(-1)
 
 
+def prefix(g, n):
+    """The first n copies of Guesses g (a copy's parent comes before it: still a whole)."""
+    cut = lambda x: x if x is None else x[:n]   # noqa: E731
+    return Guesses(g.copies[:n], g.counts[:n], cut(g.parent), cut(g.reach), cut(g.drafted))
+
+
 def sized(g, cost):
     """The prefix of Guesses g with the most expected steps a second: copy i is worth
     g.reach[i] steps (the proposer's guess that the walk reaches it; the open block's own
@@ -85,7 +96,7 @@ def sized(g, cost):
     for n, reach in enumerate(g.reach, 1):
         value += reach
         best = max(best, (value / cost(n), n))
-    return g.prefix(best[1])
+    return prefix(g, best[1])
 
 
 def cutter(cost=None, max_rows=None, block_size=None):
@@ -96,7 +107,7 @@ def cutter(cost=None, max_rows=None, block_size=None):
     cap = None if max_rows is None else max_rows // block_size
     if cost is None and cap is None:
         return None
-    return lambda g: sized(g.prefix(cap), cost) if cost else g.prefix(cap)
+    return lambda g: sized(prefix(g, cap), cost) if cost else prefix(g, cap)
 
 
 def compile_static(model, **options):

@@ -2,7 +2,7 @@
 
 A decode forward of a block-diffusion LM reads every weight once for B queries, so its floor
 is weight bytes / memory bandwidth (the KV cache of a 1k-token context adds little). Here a
-checkpoint-shaped model with random weights (a model.PRESETS name, or a checkpoint directory's
+checkpoint-shaped model with random weights (a checkpoint.PRESETS name, or a checkpoint directory's
 config.json) runs
   - one forward of B = 4 / 8 / 32 queries against a cache of `cache_len` rows (and B = 4
     again with 8 x cache_len rows allocated: static shapes attend to every allocated row),
@@ -31,8 +31,9 @@ import torch
 
 import checkpoint
 import mask as masks
+from checkpoint import PRESETS
 from decode import DecodeRule, Session, generate, packed_rows
-from model import PRESETS, ModelConfig, Transformer
+from model import ModelConfig, Transformer
 from cli import compile_model
 from spiffy import ranks
 from verify import Guesses, verify_copies, walk
@@ -54,7 +55,7 @@ GPU_MODEL = dict(pair="SDAR-8B + SDAR-1.7B on an H200, bf16 (modelled)", target=
 
 @functools.cache
 def preset_params(preset):
-    """Parameters and layers of a model.PRESETS shape, counted on the meta device (no memory)."""
+    """Parameters and layers of a checkpoint.PRESETS shape, counted on the meta device (no memory)."""
     with torch.device("meta"):
         model = Transformer(ModelConfig(**PRESETS[preset]))
     return sum(p.numel() for p in model.parameters()), model.config.n_layer

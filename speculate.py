@@ -19,7 +19,6 @@ variants.py: the drafter-free references and the ablations; fast.py: the speed d
 
     python sample.py --spec simsd                  # on the embedded models
 """
-import time
 from collections import Counter
 from itertools import accumulate
 from dataclasses import dataclass
@@ -27,8 +26,8 @@ from dataclasses import dataclass
 import torch
 
 import mask as masks
-from decode import (SYNCS, Advance, DecodeRule, Frontier, Session, check_prompt, round_loop,
-                    stop_ids, to_device, to_host)
+from decode import (Advance, DecodeRule, Frontier, Session, check_prompt, round_loop, stop_ids,
+                    to_device, to_host)
 from verify import Guesses, counted, lossless_round, no_extra, verify_copies, walk
 
 DRAFT_THRESHOLD, DRAFT_STOP = 0.5, 0.3   # measured on the embedded pair (docs/results.md)
@@ -68,7 +67,7 @@ def draft(sess, front, rule, steps, ahead, threshold, stop, gamma, stops, genera
         active = masked.view(-1, B).any(-1).int().argmax()     # the first block with a mask
         alive &= ~(torch.isin(window, ends) & (block_of < active)).any()
         can = masked & (block_of == active) & alive
-        conf = rule.top_confidence(logits).masked_fill(~can, -1.0)
+        conf = rule.best(logits)[1].masked_fill(~can, -1.0)
         rank = conf.sort(descending=True, stable=True).indices.argsort()  # each position's
         n = (conf > threshold).sum().clamp(min=1) if threshold else torch.ones_like(active)
         reveal = can & (rank < torch.minimum(n, gamma - (tau > 0).sum()))
@@ -188,7 +187,7 @@ def temporal_round(sess, propose, rule, rope_copy, order, generator, stats, extr
     """A round of the paper's own path: propose(front, 0) -> a Draft of the open block;
     ONE forward over [data section | mask section] (verify_temporal); accept_temporal.
     order="position": the paper's ablation, the drafts revealed left to right, one a step.
-    extra: as verify.walk's, on the slots' logits (Frontier.hint for the next round)."""
+    extra: as verify.walk's, on the slots' logits (Frontier.ranks for the next round)."""
     def round_(front, room):
         d = propose(front, 0)
         if order == "position":          # left to right, one a step
@@ -200,11 +199,11 @@ def temporal_round(sess, propose, rule, rope_copy, order, generator, stats, extr
         slots = d.pos + undrafted(front, d, rule.mask_id)      # the slots by position:
         by_position = to_device(sorted(range(len(slots)), key=slots.__getitem__), block.device)
         more = extra(logits[by_position], front.block[None], block[None])
-        host, k, *hint = to_host(block, k, *more)
+        host, k, *ranks = to_host(block, k, *more)
         stats["accepted", k] += 1
         stats["end", "every draft accepted" if k == len(d.pos) else "draft rejected"] += 1
         return Advance([], Frontier(block, front.pos, host.count(rule.mask_id), host,
-                                    front.step + 1, tuple(h[0] for h in hint)))
+                                    front.step + 1, tuple(h[0] for h in ranks)))
     return round_
 
 
@@ -241,7 +240,7 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     gamma; B x (1 + lookahead)); lookahead: blocks past the open one a round may draft (LOOKAHEAD;
     copies only); rope_copy, order: the temporal path's ablations; copy_commit: Session's.
     Speed devices (fast.py): walk, cut(guesses) -> the copies verified. Variants (variants.py):
-    propose(front, ahead) -> Draft instead of the drafter, extra (verify.walk's: the hint they
+    propose(front, ahead) -> Draft instead of the drafter, extra (verify.walk's: the ranks they
     read), accept (on copies)."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
@@ -252,8 +251,8 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
         draft_steps = DRAFT_STEPS.get(B, 1) if draft_threshold else gamma
     check_settings(verifier, lookahead, gamma, draft_steps, draft_threshold, draft_stop, rope_copy,
                    order)
-    ids, syncs, t0 = check_prompt(prompt, c, max_new_tokens), SYNCS["host"], time.perf_counter()
-    room, stops, stats = len(ids) + max_new_tokens, stop_ids(c, eos_id), Counter()
+    ids, stops, stats = check_prompt(prompt, c, max_new_tokens), stop_ids(c, eos_id), Counter()
+    room = len(ids) + max_new_tokens
     sessions = [Session(target, B, room + (gamma + lookahead + 5) * B, fuse_commit, copy_commit)]
     if propose is None:
         sessions.append(Session(drafter, B, room + (lookahead + 4) * B, fuse_commit))
@@ -264,21 +263,13 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     round_ = temporal_round(sessions[0], propose, rule, rope_copy, order, generator, stats,
                             extra) if temporal else copies_round(
         sessions[0], propose, rule, lookahead, stops, generator, stats, extra, walk, cut, accept)
-    out, stop = round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block)
-    return out, dict(simsd_stats(stats, sessions), stop=stop, tokens=len(out), lookahead=lookahead,
-                     seconds=time.perf_counter() - t0, syncs=SYNCS["host"] - syncs)
-
-
-def simsd_stats(stats, sessions):
-    """A run's counts: forwards, rows, rounds by drafts accepted, by end and by steps."""
-    tsess, *dsess = sessions
-    hist = counted(stats, "accepted")
-    rounds = sum(hist.values())
-    return dict(nfe=tsess.nfe, nfe_draft=sum(s.nfe for s in dsess), rows=dict(tsess.rows),
-                rows_draft=dict(dsess[0].rows) if dsess else {}, rounds=rounds, accept_hist=hist,
-                mean_accepted=sum(k * v for k, v in hist.items()) / max(rounds, 1),
-                round_ends=counted(stats, "end"), steps_per_forward=counted(stats, "steps"),
-                blocks_ahead=stats["blocks_ahead"])
+    out, run = round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block)
+    hist, dsess = counted(stats, "accepted"), sessions[1:]
+    return out, dict(run, lookahead=lookahead, nfe_draft=sum(s.nfe for s in dsess),
+                     rows_draft=dict(dsess[0].rows) if dsess else {}, rounds=sum(hist.values()),
+                     accept_hist=hist, round_ends=counted(stats, "end"),
+                     mean_accepted=sum(k * v for k, v in hist.items()) / max(sum(hist.values()), 1),
+                     steps_per_forward=counted(stats, "steps"), blocks_ahead=stats["blocks_ahead"])
 
 
 def check_settings(verifier, lookahead, gamma, steps, threshold, stop, rope_copy, order):

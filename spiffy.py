@@ -2,52 +2,39 @@
 
 docs/design.md, section 4 (after the Spiffy paper). No drafter: the drafts are guesses of the
 block's future states, built from the target's own last distribution.
-  - A draft node is a set of extra reveals (i, j): "the position ranked i by top-1 confidence
-    gets its j-th most likely token", all ranks read off the distribution the drafts are
-    built from. Node A is a parent of B if B reveals one decoding step more and A's reveals
-    are a subset of B's; a node can have several parents, so the drafts form a graph.
-  - calibrate: run plain decoding on a few prompts, count the reveal sets that really
-    followed each state, keep the connected subgraph of the D most frequent ones (JSON).
-  - A round (spiffy_generate's propose, then verify.lossless_round): from the distribution of
-    the last verified state, build the nodes of the graph on top of the current state, keep
-    the D* best (geometric-mean score), run ONE forward over [current block ; node copies]
-    (mask.block_copies: each copy sees the cache and itself, so each gets exactly the logits
-    the target computes in that state), then walk: apply the decoding rule to the current
-    logits; while the new state is a verified node, continue from that node's logits. After
-    a node that finishes the block comes a copy of the next block's first state.
-Every transition applies the plain decoding rule to the exact logits of the exact state, with
-the random draws in the same order, so the output is plain decoding's, token for token.
-(Exact in exact arithmetic, token for token in fp32; bf16 rounding: see verify.py.)
+  - A draft node is a set of reveals (i, j): "the position ranked i by confidence gets its
+    j-th most likely token" (ranks). Node A is a parent of B if B reveals one step more and
+    A's reveals are a subset of B's: the drafts form a directed graph.
+  - calibrate: run plain decoding on a few prompts, count the reveal sets that followed each
+    state, keep the connected subgraph of the D most frequent (python calibrate.py).
+  - A round: instantiate the graph on the current state from the last forward's ranks, keep
+    the D* best (build_drafts: dynamic pruning by geometric-mean score), verify them all in
+    ONE forward of block copies and walk the rule through them (verify.py): the output is
+    plain decoding's, token for token. After a draft that finishes the block comes the next
+    block's first state.
 
-    python calibrate.py                     # the graphs, next to models/target's weights
-                                            # (calibrate.load_graph reads them)
     python sample.py --spec spiffy
 """
 import math
-import time
 from collections import Counter
 
 import torch
-from decode import (SYNCS, DecodeRule, Session, check_prompt, packed_index, round_loop,
-                    stop_ids, to_device, to_host)
+from decode import DecodeRule, Session, check_prompt, packed_index, round_loop, stop_ids, to_device
 from verify import Guesses, counted, lossless_round, no_extra, propose_nothing, walk
 
 DRAFT_BUDGET = 8   # D*: the most draft-graph nodes verified a forward
 
 
 def ranks(logits, states, rule, k=None, packed_at=None):
-    """Rank the positions of each state by the confidence of their most likely token under
-    `logits` (the distribution the drafts are built from; the rule's own confidence), masked
-    positions first, and give each its k most likely tokens under the rule's `probs` (all if
-    None: a full sort, for calibration; the drafts need only the graph's largest token rank).
-    logits: (..., B, V) at every position of states (..., B), or packed (M, V) at the masked
-    positions of `packed_at` (..., B), the states stepped from (a state's masked positions
-    are among theirs). -> (..., B) positions by rank, (..., B, k) token order, (..., B, k)
-    probs (a known position's are any row's). No host sync."""
+    """Rank the positions of each state by the rule's confidence in their most likely token
+    under `logits`, masked positions first, and give each its k most likely tokens and their
+    `probs` (k None: all, for calibration). logits: (..., B, V) at every position of states
+    (..., B), or packed at the masked positions of `packed_at`, the states stepped from.
+    -> (..., B) positions by rank, (..., B, k) token order, (..., B, k) probs. No host sync."""
     flat = logits.flatten(0, -2)
     at = torch.arange(states.numel(), device=states.device).view(states.shape) \
         if packed_at is None else packed_index(packed_at, rule.mask_id)    # (..., B): its row
-    conf = rule.top_confidence(flat)[at].masked_fill(states != rule.mask_id, -1.0)
+    conf = rule.best(flat)[1][at].masked_fill(states != rule.mask_id, -1.0)
     order = conf.sort(dim=-1, descending=True, stable=True).indices
     p = rule.probs(flat)
     p, tok = p.sort(-1, descending=True) if k is None else p.topk(min(k, p.shape[-1]))
@@ -87,18 +74,15 @@ def connected_top(nodes, score, budget, one_per_step):
 
 
 def one_per_step(rule):
-    return rule.strategy in ONE_AT_A_TIME and rule.steps == rule.block_size
-
-
-ONE_AT_A_TIME = ("low_confidence_static", "random", "sequential")   # quota-only strategies
+    return rule.strategy in ("low_confidence_static", "random", "sequential") and \
+        rule.steps == rule.block_size
 
 
 def build_drafts(ranked, state, graph, budget, rule):
-    """Instantiate the graph's nodes on `state` from its `ranks` (both as host lists: the round
-    brought them back with its one host sync); keep the `budget` best by the geometric mean
-    of their token probabilities and their children's scores (bottom-up).
-    -> (block states (lists), one per kept node, best first; each one's reach: the product
-    of its reveals' probabilities, what sized by a cost table copies weigh a copy by)."""
+    """Instantiate the graph's nodes on `state` from its `ranks` (host lists); keep the
+    `budget` best by the geometric mean of their token probabilities and their children's
+    scores (bottom-up). -> (block states, best first; each one's reach: the product of its
+    reveals' probabilities)."""
     order, tok_order, p = ranked
     m = state.count(rule.mask_id)                              # masked positions rank first
     # a token of probability 0 (cut by top-k / top-p) is never drawn: no copy for it
@@ -155,59 +139,48 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
                     draft_budget=DRAFT_BUDGET, fuse_commit=True, eos_id=None, generator=None,
                     on_block=None, copy_commit=True, walk=walk, cut=None):
     """Spiffy decoding; decode.generate's arguments and output, plus graph: a calibrated graph
-    (load_graph; None: plain decoding); draft_budget: D*, the most copies a forward verifies
-    besides the open block's own state. A finishing draft brings the next block's first state
-    (blocks_ahead); copy_commit: see decode.Session.commit. The speed devices (fast.py): walk,
-    and cut(guesses) -> the copies verified (None: all)."""
+    (calibrate.load_graph; None: plain decoding); draft_budget: D*, the most copies a forward
+    verifies besides the open block's own state; copy_commit: see decode.Session.commit. The
+    speed devices (fast.py): walk, and cut(guesses) -> the copies verified (None: all)."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     if draft_budget < 1:
         raise ValueError(f"draft budget D* must be >= 1, got {draft_budget}")
-    ids = check_prompt(prompt, c, max_new_tokens)
-    B, t0, stops, syncs = rule.block_size, time.perf_counter(), stop_ids(c, eos_id), SYNCS["host"]
+    ids, B, stops, stats = check_prompt(prompt, c, max_new_tokens), rule.block_size, \
+        stop_ids(c, eos_id), Counter()
     sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 4) * B, fuse_commit,
                    copy_commit)
     k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0) if graph else 0
-    stats = Counter()
 
     def propose(front, room):   # the graph's drafts, from the ranks the last forward gave
-        if not front.hint:      # this state (a new block: no forward has seen it yet)
-            g = Guesses(front.block[None], [front.n_masked])
-        else:
-            g = draft_copies(front.hint, front.host, front.block, graph, draft_budget, rule,
-                             room > 0, stops)
-        return cut(g) if cut else g
+        g = draft_copies(front.ranks, front.host, front.block, graph, draft_budget, rule,
+                         room > 0, stops) if front.ranks else propose_nothing(front, room)
+        return cut(g) if cut else g   # (a new block's first state: no forward has seen it)
 
     extra = (lambda lg, cp, st: ranks(lg, st, rule, k, cp)) if graph else no_extra
     round_ = lossless_round(sess, rule, propose, generator, extra, walk, stats)
-    out, stop = round_loop(round_, [sess], ids, rule, max_new_tokens, stops, on_block)
-    seconds = time.perf_counter() - t0
-    return out, dict(stop=stop, nfe=sess.nfe, rows=dict(sess.rows), tokens=len(out),
-                     seconds=seconds, tokens_per_s=len(out) / seconds,
+    out, run = round_loop(round_, [sess], ids, rule, max_new_tokens, stops, on_block)
+    return out, dict(run, tokens_per_s=len(out) / run["seconds"], lookahead=1,
                      steps_per_forward=counted(stats, "steps"),
-                     nodes_per_forward=counted(stats, "copies"),
-                     blocks_ahead=stats["blocks_ahead"], lookahead=1, syncs=SYNCS["host"] - syncs)
+                     nodes_per_forward=counted(stats, "copies"), blocks_ahead=stats["blocks_ahead"])
 
 
 @torch.no_grad()
 def trajectories(model, prompt, max_new_tokens, rule, record):
-    """Plain decoding of `prompt` through the round loop (nothing proposed), calling
-    record(states, logits) as each block ends: its states, and the (B, V) logits each step read."""
-    ids = check_prompt(prompt, model.config, max_new_tokens)
-    sess = Session(model, rule.block_size, len(ids) + max_new_tokens + 3 * rule.block_size)
-    states, logits = [], []
+    """Plain decoding of `prompt`, calling record(states, logits) as each block ends: its
+    states, and the (B, V) logits each step read (the walk's extra sees every step)."""
+    ids, B = check_prompt(prompt, model.config, max_new_tokens), rule.block_size
+    sess, states, logits = Session(model, B, len(ids) + max_new_tokens + 3 * B), [], []
 
-    def recorded(lg, g, step, rule, generator=None, extra=no_extra):   # verify.walk, recording
-        w = walk(lg, g, step, rule, generator, extra)
-        (_, new), = w.path
-        states[:] = states or [g.copies[0]]
-        logits.append(lg[packed_index(g.copies[0], rule.mask_id)])
-        states.append(new)
-        if rule.mask_id not in w.host:
+    def step(lg, copies, new):
+        states[:] = states or [copies[0]]
+        logits.append(lg[packed_index(copies[0], rule.mask_id)])
+        states.append(new[0])
+        if rule.mask_id not in new[0]:
             record(list(states), list(logits))
             states.clear(), logits.clear()
-        return w
-    round_ = lossless_round(sess, rule, propose_nothing, walk=recorded)
+        return ()
+    round_ = lossless_round(sess, rule, propose_nothing, extra=step)
     round_loop(round_, [sess], ids, rule, max_new_tokens, stop_ids(model.config))
 
 

@@ -258,9 +258,9 @@ def main(preset="target", data_dir="data", out_dir=None, iters=None, batch_size=
 def build(preset, meta, data_dir, stage_one, device, lr, weight_decay):
     """-> (config, model, AdamW, stage one's log); with stage_one (a folder), from its model."""
     try:
-        config = ModelConfig(vocab_size=meta["vocab_size"], mask_token_id=meta["mask_id"],
-                             eos_token_id=meta["eos_id"], block_size=4, block_sizes=BLOCK_SIZES,
-                             max_seq_len=4096, **PRESETS[preset]["model"])
+        config = checkpoint.check_config(ModelConfig(
+            vocab_size=meta["vocab_size"], mask_token_id=meta["mask_id"], eos_token_id=meta["eos_id"],
+            block_size=4, block_sizes=BLOCK_SIZES, max_seq_len=4096, **PRESETS[preset]["model"]))
     except ValueError as e:
         raise ValueError(f"{data_dir / 'meta.json'}: {e}") from None
     model, log = Transformer(config).to(device), []

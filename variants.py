@@ -7,7 +7,7 @@ that run no forward of their own:
   trajectory  the target's own last forward: at the open block's state, its most likely token
               at every masked position, revealed in its own confidence order (the threshold
               rule's first step at once, then one a step). Read off the ranks the last walk
-              brought back (Frontier.hint; `ranked` is the walk's extra that makes them).
+              brought back (Frontier.ranks; `ranked` is the walk's extra that makes them).
   lookup      prompt-lookup decoding's n-gram match: the most recent earlier occurrence, in the
               prompt and the text decoded so far (Frontier.context), of the last n tokens
               before the open block's first mask, and the tokens that followed it, on into
@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from decode import (Advance, DecodeRule, Frontier, packed_index, stop_ids,
                     to_device, to_host)
 from speculate import Draft, agree, correct, simsd_generate
-from verify import first_true, no_extra
+from fast import first_true
+from verify import no_extra
 
 LOOKUP_N = 3          # the longest n-gram lookup matches (docs/results.md: by measurement)
 LOOKUP_MIN_N = 3      # the shortest
@@ -40,12 +41,12 @@ REFERENCES, ACCEPTS = ("drafter", "trajectory", "lookup"), ("paper", "gated", "l
 
 
 def trajectory(front, rule, ahead):
-    """The target's trajectory from the open block's state, read off front.hint (the ranks of
+    """The target's trajectory from the open block's state, read off front.ranks (the ranks of
     the last forward at this state: positions by confidence, each one's best token and its
     probability). A state no forward has seen (a new block) proposes nothing."""
-    if not front.hint:
+    if not front.ranks:
         return Draft([], [], [])
-    order, tok, p = front.hint
+    order, tok, p = front.ranks
     m = front.n_masked
     first = sum(p[i][0] > rule.threshold for i in range(m)) if rule.strategy == \
         "low_confidence_dynamic" else 1                      # the threshold rule's first step
@@ -66,12 +67,12 @@ def lookup(context, n, want):
     return []
 
 
-def lookup_draft(front, rule, n, ahead, stops, hinted=True):
+def lookup_draft(front, rule, n, ahead, stops, by_confidence=True):
     """The lookup proposal for the open block, then up to `ahead` later blocks: the tokens
     that followed the last match of the n tokens before the block's first mask, position by
     position, up to a known position that holds another token, or past a block that holds a
     stop id. The open block's drafts in the order of the last forward's confidence
-    (front.hint, when hinted and there is one), else left to right."""
+    (front.ranks, when by_confidence and there is one), else left to right."""
     B, mask, state = rule.block_size, rule.mask_id, front.host
     lead = next((i for i, t in enumerate(state) if t == mask), B)
     guess = lookup(list(front.context) + state[:lead], n, B - lead + ahead * B)
@@ -84,8 +85,8 @@ def lookup_draft(front, rule, n, ahead, stops, hinted=True):
         full.append(t)
         if p >= B or state[p] == mask:
             pos.append(p)
-    if hinted and front.hint:                                # the open block by confidence
-        rank = {q: r for r, q in enumerate(front.hint[0])}
+    if by_confidence and front.ranks:                                # the open block by confidence
+        rank = {q: r for r, q in enumerate(front.ranks[0])}
         inside = [p for p in pos if p < B]
         pos = sorted(inside, key=rank.get) + pos[len(inside):]
     reach = [LOOKUP_CHANCE[0] * LOOKUP_CHANCE[1] ** i for i in range(len(pos))]
@@ -150,7 +151,7 @@ def target_sure(logits, copies, d, drafted_in, rule, gate):
     """(n,) bool: the target is sure of draft k's position in the state it was drafted in: it
     is the target's most confident masked position there, or its confidence is above gate."""
     B, pos = copies.shape[1], to_device(d.pos, copies.device) % copies.shape[1]
-    top = rule.top_confidence(logits)[packed_index(copies, rule.mask_id)]    # (m, B)
+    top = rule.best(logits)[1][packed_index(copies, rule.mask_id)]    # (m, B)
     top = top.masked_fill(copies != rule.mask_id, -1.0)[to_device(drafted_in, copies.device)]
     return (top.argmax(-1) == pos) | (top[torch.arange(len(pos), device=pos.device), pos] > gate)
 
@@ -179,7 +180,7 @@ def simsd(target, drafter, prompt, max_new_tokens=64, rule=None, acceptance="los
         kw["propose"] = lambda front, ahead: trajectory(front, rule, ahead)
     elif reference == "lookup":
         kw["propose"] = lambda front, ahead: lookup_draft(front, rule, lookup_n, ahead, stops,
-                                                          hinted=not temporal)
+                                                          by_confidence=not temporal)
     if reference != "drafter":
         kw["extra"] = no_extra if reference == "lookup" and temporal else ranked(rule)
     if reference != "drafter" and temporal:

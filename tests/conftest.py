@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from model import PRESETS, ModelConfig, Transformer  # noqa: E402
+from model import ModelConfig, Transformer  # noqa: E402
+from checkpoint import PRESETS  # noqa: E402
 from prepare import problems  # noqa: E402
 
 torch.set_num_threads(1)

@@ -21,7 +21,8 @@ import train
 from conftest import tiny_corpus
 from fixtures.record_greedy import FIXTURE, greedy
 from decode import generate
-from model import PRESETS, ModelConfig, Transformer
+from model import ModelConfig, Transformer
+from checkpoint import PRESETS
 from prepare import extract_answer, problems
 from cli import DEFAULT_DRAFTER, DEFAULT_TARGET
 from speculate import simsd_generate

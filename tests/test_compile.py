@@ -20,7 +20,7 @@ from cli import RecompileLimitHits
 from conftest import make_model
 import fast
 from decode import DecodeRule, generate
-from model import PRESETS
+from checkpoint import PRESETS
 from speculate import simsd_generate
 from spiffy import calibrate, spiffy_generate
 

@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import make_model  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
-from model import PRESETS  # noqa: E402
+from checkpoint import PRESETS  # noqa: E402
 from variants import simsd as simsd_generate  # noqa: E402
 from spiffy import calibrate, spiffy_generate  # noqa: E402
 from test_lookahead import RULES, pair, tokens  # noqa: E402

@@ -118,7 +118,7 @@ def test_top_confidence_is_the_confidence_of_the_most_likely_token():
     logits = torch.randn(12, V, generator=torch.Generator().manual_seed(0)) * 3
     logits[0, MASK] = 50.0                                           # the mask never counts as best
     expected = rule.confidence(logits, rule.probs(logits).argmax(-1))
-    torch.testing.assert_close(rule.top_confidence(logits), expected)
+    torch.testing.assert_close(rule.best(logits)[1], expected)
 
 
 @pytest.mark.parametrize("kw", [{}, dict(top_k=3), dict(top_p=0.5)], ids=["greedy", "top-k", "top-p"])
@@ -181,8 +181,8 @@ def test_the_confidences_are_sdars():
     rule, x = DecodeRule(3, 4, temperature=0.7, top_k=5), torch.randn(6, 11, generator=torch.Generator().manual_seed(0))
     tokens = rule.probs(x).argmax(-1)
     assert torch.allclose(rule.confidence(x, tokens), (x / 0.7).softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
-    assert torch.equal(rule.top_confidence(x), rule.best(x)[1])
-    assert torch.equal(rule.best(x)[0], rule.no_mask(x).argmax(-1)) and (rule.best(x)[0] != 3).all()
+    assert torch.equal(rule.best(x)[1], rule.best(x)[1])
+    assert torch.equal(rule.best(x)[0], rule.scaled(x, no_mask=True).argmax(-1)) and (rule.best(x)[0] != 3).all()
 
 
 @pytest.mark.parametrize("kw", [{}, dict(temperature=0.7, top_k=5), dict(temperature=1.0, top_p=0.8)])
@@ -195,6 +195,6 @@ def test_the_drafted_rows_probabilities_are_the_full_forwards_rows_to_the_bit(kw
         x = torch.randn(m, 2048, generator=g) * 4
         take = torch.randperm(m, generator=g)[:max(1, m // 3)]
         rule = DecodeRule(3, 4, **kw)
-        conf = rule.top_confidence(x).clone()
+        conf = rule.best(x)[1].clone()
         assert torch.equal(rule.probs(x)[take], DecodeRule(3, 4, **kw).probs(x[take]))
-        assert torch.equal(rule.top_confidence(x), conf) and torch.equal(rule.no_mask(x)[:, 3], torch.full((m,), -torch.inf))
+        assert torch.equal(rule.best(x)[1], conf) and torch.equal(rule.scaled(x, no_mask=True)[:, 3], torch.full((m,), -torch.inf))

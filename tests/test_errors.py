@@ -21,7 +21,8 @@ from safetensors.torch import load_file, save_file
 
 import checkpoint
 from conftest import tiny_corpus
-from model import PRESETS, ModelConfig, Transformer
+from model import ModelConfig, Transformer
+from checkpoint import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "models" / "target"

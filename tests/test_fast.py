@@ -16,7 +16,8 @@ import torch
 import fast
 from conftest import make_model
 from decode import DecodeRule, generate
-from model import PRESETS, Transformer
+from model import Transformer
+from checkpoint import PRESETS
 from speculate import simsd_generate
 from spiffy import calibrate, spiffy_generate
 from test_lookahead import pair

@@ -24,7 +24,8 @@ from conftest import ROOT, make_model
 import fast
 from cli import MAX_BUCKET
 from decode import DecodeRule, Session, generate
-from model import PRESETS, ModelConfig, Transformer, flex_kernel_options
+from model import ModelConfig, Transformer, flex_kernel_options
+from checkpoint import PRESETS
 from speculate import simsd_generate
 from spiffy import calibrate, spiffy_generate
 from verify import Guesses, verify_copies

@@ -26,7 +26,7 @@ import fast
 import speculate
 from conftest import make_model
 from decode import DecodeRule, Frontier, Session, generate
-from model import PRESETS
+from checkpoint import PRESETS
 from variants import simsd as simsd_generate
 
 from spiffy import calibrate, spiffy_generate

@@ -23,7 +23,7 @@ import sample
 import speculate
 from conftest import make_model
 from decode import DecodeRule, Frontier, generate
-from model import PRESETS
+from checkpoint import PRESETS
 from prepare import load_tasks
 from variants import simsd as simsd_generate
 
@@ -124,9 +124,9 @@ def test_the_lookup_takes_the_most_recent_match():
     assert drafts.lookup([5], 3, 3) == [] and drafts.lookup([5, 5, 5], 3, 2) == []
 
 
-def front(host, context, hint=()):
+def front(host, context, ranks=()):
     block = torch.tensor(host)
-    return Frontier(block, torch.arange(len(host)), host.count(MASK_ID), host, 0, hint, context)
+    return Frontier(block, torch.arange(len(host)), host.count(MASK_ID), host, 0, ranks, context)
 
 
 def test_lookup_drafts_stop_at_a_disagreeing_token_and_after_a_block_with_a_stop_id():
@@ -147,8 +147,8 @@ def test_lookup_drafts_stop_at_a_disagreeing_token_and_after_a_block_with_a_stop
 
 def test_lookup_orders_the_open_blocks_drafts_by_the_last_forwards_confidence():
     rule, M = DecodeRule(MASK_ID, 4), MASK_ID
-    hint = ([2, 0, 3, 1], [[0]] * 4, [[0.5]] * 4)
-    d = drafts.lookup_draft(front([M, M, M, M], [5, 6, 7, 8, 9, 5], hint), rule, 1, 0, frozenset())
+    ranks = ([2, 0, 3, 1], [[0]] * 4, [[0.5]] * 4)
+    d = drafts.lookup_draft(front([M, M, M, M], [5, 6, 7, 8, 9, 5], ranks), rule, 1, 0, frozenset())
     assert d.pos == [2, 0, 3, 1] and d.tokens == [8, 6, 9, 7]
 
 

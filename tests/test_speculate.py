@@ -25,7 +25,7 @@ import variants
 
 import speculate
 from decode import DecodeRule, Frontier, Session, generate
-from model import PRESETS
+from checkpoint import PRESETS
 from speculate import Draft
 from variants import simsd as simsd_generate
 from verify import Guesses, tally, verify_copies, walk

@@ -22,7 +22,7 @@ import fast
 import spiffy
 from conftest import make_model
 from decode import DecodeRule, generate, to_host
-from model import PRESETS
+from checkpoint import PRESETS
 from calibrate import load_graph
 from spiffy import build_drafts, calibrate, graph_rule, ranks, spiffy_generate
 

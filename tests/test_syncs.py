@@ -20,7 +20,7 @@ import spiffy
 import verify
 from conftest import make_model
 from decode import DecodeRule, generate
-from model import PRESETS
+from checkpoint import PRESETS
 from spiffy import calibrate, spiffy_generate
 
 aten = torch.ops.aten

@@ -24,7 +24,7 @@ import torch
 import fast
 import verify
 from decode import DecodeRule
-from model import PRESETS
+from checkpoint import PRESETS
 from spiffy import ranks
 from test_syncs import SyncCounter
 
@@ -109,10 +109,10 @@ def with_ranks(rule):
 
 
 def read(w):
-    """A Walk's host results as Spiffy reads them: the state, and with ranks (its hint), the
+    """A Walk's host results as Spiffy reads them: the state, and with ranks (its ranks), the
     positions by rank and the token ranks of the masked ones only (a known position's are any
     row's)."""
-    state, ranked = w.host, w.hint
+    state, ranked = w.host, w.ranks
     m = state.count(MASK_ID)
     return [state] + ([ranked[0]] + [r[:m] for r in ranked[1:]] if ranked else [])
 
@@ -128,7 +128,7 @@ def test_the_stepwise_walk_is_plain_decoding_through_the_verified_states(rule_kw
         w = verify.walk(logits, verify.Guesses(copies, counts), step, rule, gen)
         path, state = w.path, w.host
         assert [new.tolist() for _, new in path] == expected and state == expected[-1], seed
-        assert w.hint == [] and w.crossed == [] and w.copies == copies.tolist(), seed
+        assert w.ranks == [] and w.crossed == [] and w.copies == copies.tolist(), seed
         assert torch.equal(gen.get_state(), ref_gen.get_state()), "not plain decoding's draws"
         lengths.append(len(path))
     assert max(lengths) >= 3 and min(lengths) <= 2, f"vacuous: walk lengths {lengths}"
@@ -156,9 +156,9 @@ def test_the_batched_walk_takes_the_stepwise_walks_path(rule_kw):
 
 
 def walk_result(w):
-    """A Walk as host values: the path (logits and new states), the final state and its hint,
+    """A Walk as host values: the path (logits and new states), the final state and its ranks,
     the crossings, the copies and the copies visited."""
-    return ([(lg.tolist(), new.tolist()) for lg, new in w.path], [w.host, *w.hint], w.crossed, w.copies,
+    return ([(lg.tolist(), new.tolist()) for lg, new in w.path], [w.host, *w.ranks], w.crossed, w.copies,
             w.visited)
 
 
@@ -281,7 +281,7 @@ def test_the_walk_across_blocks_is_plain_decoding_through_the_verified_states(ru
         w = verify.walk(logits, g, step, rule, gen)
         path, state, crossed = w.path, w.host, w.crossed
         assert [new.tolist() for _, new in path] == expected and state == expected[-1], seed
-        assert crossed == ref_crossed and w.hint == [], seed
+        assert crossed == ref_crossed and w.ranks == [], seed
         assert torch.equal(gen.get_state(), ref_gen.get_state()), "not plain decoding's draws"
         if fast.greedy_fixed_quota(rule):
             batched_w = fast.walk(logits, g, step, rule)

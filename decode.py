@@ -8,7 +8,7 @@ between host and device only through to_host / to_device (tests/test_syncs.py co
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -126,8 +126,7 @@ class DecodeRule:
         if self.strategy == "random":
             score = torch.rand(block.shape, generator=generator, device=block.device)
         elif self.strategy == "sequential":                              # leftmost first
-            score = -torch.arange(block.shape[-1], device=block.device, dtype=torch.float)
-            score = score.expand(block.shape)
+            score = -torch.arange(block.shape[-1], device=block.device).float().expand(block.shape)
         elif self.strategy == "entropy_bounded":                         # -entropy: surest first
             p = self.probs(rows)
             score = (p * p.clamp(min=1e-30).log()).sum(-1)[at]
@@ -166,9 +165,7 @@ STRATEGIES = ("low_confidence_static", "low_confidence_dynamic", "random", "sequ
 class Session:
     """A model's decoding cursor over its KV cache: `committed` rows are final; a finished
     block waits in `pending` until the next forward carries it in as extra queries (fused
-    commit), or is written at once by its own forward (SDAR's separate commit): the same
-    tokens in fp32 (tested). copy_commit: a block a verification forward held as a complete
-    copy keeps that forward's keys and values instead (commit)."""
+    commit), or gets a forward of its own (SDAR's): the same tokens in fp32 (tested)."""
 
     def __init__(self, model, block_size, max_len, fuse_commit=True, copy_commit=False):
         self.model, self.block_size, self.max_len = model, block_size, max_len
@@ -229,9 +226,8 @@ class Session:
 
 
 def to_host(*tensors):
-    """Tensors -> nested lists, with ONE host sync however many there are: each is copied
-    without blocking, then the stream is waited for once. The decoders' planned host syncs
-    all go through here (tests/test_syncs.py counts them)."""
+    """Tensors -> nested lists, with ONE host sync however many there are (each is copied
+    without blocking, then the stream is waited for once). Counted in SYNCS."""
     SYNCS["host"] += 1
     host = [t.to("cpu", non_blocking=True) for t in tensors]
     for device in {t.device for t in tensors if t.is_cuda}:   # the stream of each GPU copied from
@@ -283,34 +279,30 @@ class Frontier:
     n_masked: int         # how many of them are masked (on the host)
     host: list = None     # the state on the host
     step: int = 0         # the rule's step index within the block
-    ranks: tuple = ()     # spiffy.ranks of this state, from the forward that made it, on the
-                          # host: (positions by confidence, their token order, their probs)
+    ranks: tuple = ()     # spiffy.ranks of this state by the forward that made it (host lists)
     context: list = ()    # the ids before the open block, on the host
 
 
 @dataclass
 class Advance:
-    """A round's result: the blocks it completed, in order, as (state, host list, its complete
-    copy's index in the round's verification forward or None), and the open block after."""
+    """A round's result: the blocks it completed, as (state, host list, index of its complete
+    copy in the round's verification forward or None), and the open block after."""
     done: list
     front: Frontier
 
 
 def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=None):
-    """The round loop every decoder shares (plain, SimSD, Spiffy). Prefill the prompt's whole
-    blocks into each session; its tail stays in the first block as known tokens, so blocks
-    stay on the grid the model was trained on. Then round after round: round_(front, room) ->
-    Advance; room: the tokens max_new_tokens leaves after the open block (a round decodes no
-    block past them). Every block a round completed is committed to every session (to the
-    first, the verifier, from its copy where it has one), and here, in one place, decoding
-    stops: at the first of the `stops` ids, at max_new_tokens, or when on_block(new ids)
-    returns True (a caller's own stop, e.g. a stop string). prompt: its ids, a host list.
-    -> (new ids without the stop id, stats: stop ("stop_id", "max_new_tokens", "on_block"),
-    tokens, seconds, host syncs, and the first session's forwards (nfe) and rows)."""
+    """The round loop every decoder shares. Prefill the prompt's whole blocks into each
+    session (its tail stays in the open block as known tokens: blocks stay on the grid), then
+    round_(front, room) -> Advance, round after round; room: the tokens max_new_tokens leaves
+    after the open block. Each completed block is committed to every session (to the first,
+    the verifier, from its copy where it has one), and here decoding stops: at a `stops` id,
+    at max_new_tokens, or when on_block(new ids) returns True. prompt: a host list. -> (new ids
+    without the stop id, stats: why it stopped, tokens, seconds, syncs, nfe, rows)."""
     B, mask_id, device = rule.block_size, rule.mask_id, sessions[0].device
     t0, syncs, n_prefix = time.perf_counter(), SYNCS["host"], len(prompt) // B * B
 
-    def finish(out, stop):
+    def finish(out, stop):   # stop: "stop_id", "max_new_tokens" or "on_block"
         return out, dict(stop=stop, tokens=len(out), seconds=time.perf_counter() - t0,
                          syncs=SYNCS["host"] - syncs, nfe=sessions[0].nfe,
                          rows=dict(sessions[0].rows))
@@ -345,12 +337,10 @@ def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=N
 def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_id=None,
              generator=None, on_block=None):
     """Plain block-diffusion decoding (SDAR's block_diffusion_generate): a round is one
-    forward and one step of the rule. model: a Transformer (batch 1). prompt: token ids.
-    rule: a DecodeRule (default: the model's block size, one token a step, greedy).
-    fuse_commit: write each finished block into the cache during the next block's first
-    forward (False: SDAR's extra commit forward). eos_id: the stop id, or several (default:
-    stop_ids(config)). generator: a torch.Generator for sampling. on_block(new_ids): called
-    as each block is finished; True stops decoding. -> round_loop's (new ids, stats)."""
+    forward and one step of the rule (default: the model's block size, one token a step,
+    greedy). fuse_commit: the commit rides on the next block's first forward (False: SDAR's
+    commit forward). eos_id: the stop id(s) (default: stop_ids). on_block(new ids): called as
+    each block ends; True stops. -> round_loop's (new ids, stats)."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     ids, B = check_prompt(prompt, c, max_new_tokens), rule.block_size

@@ -1,29 +1,19 @@
 """Every attention rule of the project, as FlexAttention `mask_mod` closures.
 
-A mask_mod is a function (b, h, q_idx, kv_idx) -> bool tensor, True where the query may
-attend to the key (FlexAttention's convention). The same closure drives both attention paths:
-`flex_attention` through `create_block_mask`, and SDPA through `dense_mask`, which evaluates
-it on broadcast aranges. One source of truth, and a free dense reference for the tests. `python draw_masks.py` draws
-them all.
-
-Closures capture tensors, never Python ints that change from call to call: a captured int is a
-constant to torch.compile, so every new value would recompile (0-d tensors do not).
-
-Index convention for the cached forwards (model.py): the keys are [cache ; queries], so the
-query q_idx sits at key index `prefix + q_idx`, where `prefix` is the committed cache length.
-
-References: SDAR for block-causal decoding, SimSD (temporal mask, docs/design.md section 3),
-Spiffy (draft-graph copies, section 4). Training's BD3-LM mask is objective.py's; static
-shapes' padded mask fast.py's.
+A mask_mod (b, h, q_idx, kv_idx) -> bool is True where the query may attend to the key. The
+same closure drives flex_attention (block_mask) and SDPA (dense_mask): one source of truth,
+and a dense reference for the tests (python draw_masks.py draws them). Closures capture
+tensors, never changing Python ints, which torch.compile would take as constants and
+recompile for. Keys are [cache ; queries]: query q_idx sits at key `prefix + q_idx`.
+SDAR: block_causal; SimSD: simsd_temporal (docs/design.md, 3); Spiffy: block_copies (4).
 """
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
 
 def block_causal(block_size, prefix=0):
-    """SDAR's block-causal rule: a token sees its own block and every earlier block.
-    `prefix` (the cache length, on the block grid) shifts the queries: prefill uses 0; a
-    block decoded against the cache, or [finished block ; next block] (fused commit), uses C."""
+    """SDAR's block-causal rule: a token sees its own block and every earlier block; `prefix`
+    (the cache length, on the block grid) shifts the queries."""
     prefix = torch.as_tensor(prefix)
 
     def block_causal_mask(b, h, q_idx, kv_idx):
@@ -32,16 +22,13 @@ def block_causal(block_size, prefix=0):
 
 
 def simsd_temporal(prefix, n_commit, step, is_slot):
-    """SimSD's token-level temporal causal mask (docs/design.md, section 3).
-
-    Queries: [finished block (n_commit rows, fused commit) ; section], keys: [cache ; queries].
-    The section holds the data tokens (known, t=0, and drafted, t=tau) and the mask slots, one
-    per drafted position with that position's step label (undrafted positions get a slot
-    with a label after every drafted step). step, is_slot: (S,) tensors over the section.
+    """SimSD's token-level temporal causal mask. Queries: [finished block (n_commit rows) ;
+    section]; the section holds the data tokens (known: t = 0, drafted: t = tau) and one mask
+    slot per drafted position with its step label (undrafted ones: after every step).
+    step, is_slot: (S,) tensors over the section.
       data at t sees data t' <= t and slots t' > t   (the block just after step t)
       slot at t sees data t' <  t and slots t' >= t  (the block just before step t)
-    Everyone sees the cache and the finished block; the finished block sees only those.
-    """
+    Everyone sees the cache and the finished block; the finished block sees only those."""
     shared = torch.as_tensor(prefix + n_commit)   # keys visible to every query
     n_commit = torch.as_tensor(n_commit)
 
@@ -59,14 +46,11 @@ def simsd_temporal(prefix, n_commit, step, is_slot):
 
 
 def block_copies(prefix, n_commit, block_size, sees=None):
-    """The exact verification mask of Spiffy and of SimSD's default verifier (docs/design.md,
-    section 4): queries are [finished blocks (n_commit rows) ; copy_0 ; ... ; copy_n], each copy
-    one block long: a state of the current block (Spiffy's graph nodes, or the drafter's states),
-    or a state of a later block, reached through complete copies of the blocks before it.
-    A copy sees the cache, the finished blocks, itself (bidirectionally) and the copies `sees`
-    names: sees[q, k] (a bool tensor, at least n x n; default: the identity) is True where copy
-    q sees copy k, its own earlier blocks. The finished blocks are block-causal, as in plain
-    decoding. So every copy gets exactly the logits the target computes in that state."""
+    """The exact verification mask (Spiffy, SimSD's lossless path): queries are [finished
+    blocks (n_commit rows) ; copy_0 ; ... ; copy_n], each copy a state of a block. A copy sees
+    the cache, the finished blocks, itself and the copies `sees` names (sees[q, k], a bool
+    tensor at least n x n, default the identity: copy q sees copy k, its earlier block). The
+    finished blocks are block-causal. So each copy gets the target's logits in that state."""
     shared = torch.as_tensor(prefix + n_commit)
     prefix, n_commit = torch.as_tensor(prefix), torch.as_tensor(n_commit)
 

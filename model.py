@@ -1,17 +1,12 @@
 """A block-diffusion transformer (SDAR / Qwen3 architecture) in one file; decoding is in decode.py.
 
-- The network is a Qwen3 decoder: GQA attention with per-head RMSNorm on q and k before
-  rotate-half RoPE, a SwiGLU MLP, RMSNorm everywhere, tied or untied head. SDAR turns it into
-  a block-diffusion LM with nothing but the attention mask (block-causal, mask.py) and a mask
-  token; the logits at position i predict token i (no shift).
-- Attention runs on FlexAttention (a BlockMask) or SDPA (a dense bool mask), both built from
-  the same mask_mod. Position ids are an explicit input, since SimSD copies them.
-- A static KV cache (as in gpt-fast): a forward writes its keys at [start, start + T) and
-  attends to [0, start + T). Committed blocks live below `start`; scratch rows (drafts,
-  verification copies) land above it and are overwritten by the next forward, so a rejected
-  draft needs no rollback and can never be attended to again.
-
-References: Qwen3 (HF transformers' modeling_qwen3), SDAR (JetLM), BD3-LM, nanoGPT, gpt-fast.
+A Qwen3 decoder (GQA attention, RMSNorm on q and k before rotate-half RoPE, SwiGLU, tied or
+untied head), which SDAR makes a block-diffusion LM with nothing but the attention mask
+(mask.py) and a mask token; the logits at position i predict token i. Attention runs on
+FlexAttention (a BlockMask) or SDPA (a dense mask), both from one mask_mod; positions are an
+input, since SimSD copies them. The static KV cache (as in gpt-fast): a forward writes its
+keys at [start, start + T) and attends to [0, start + T); scratch rows (drafts, copies) above
+the committed blocks are overwritten by the next forward, so a rejected draft needs no rollback.
 """
 from dataclasses import dataclass
 
@@ -114,11 +109,9 @@ class Attention(nn.Module):
 
 def flex_kernel_options(rows, group):
     """FlexAttention's kernel options for `rows` query rows and `group` query heads per KV head.
-    For under 128 rows inductor picks its flex *decoding* kernel, which packs a KV head's query
-    heads into one tile of next_pow2(rows x group) rows and compiles no config unless the
-    BlockMask's 128-row query block is a multiple of that tile: rows x group > 128 fails to
-    compile (torch 2.13, _inductor/kernel/flex/flex_decoding.py), e.g. 64 rows of SDAR-8B
-    (32 / 8 heads). Those shapes take the main flex kernel instead."""
+    Under 128 rows inductor picks its flex decoding kernel, whose tile of next_pow2(rows x
+    group) rows fails to compile past 128 (torch 2.13; e.g. 64 rows of SDAR-8B, 4 heads per KV
+    head): those shapes take the main flex kernel."""
     return {"FORCE_USE_FLEX_ATTENTION": True} if rows < 128 and rows * group > 128 else None
 
 
@@ -183,11 +176,11 @@ class Transformer(nn.Module):
         block-causal. keep: compute logits for the last `keep` rows only; rows: (M,) indices
         into those: for these only. -> (b, keep or M, vocab)"""
         if torch.is_tensor(start):
-            raise TypeError("forward takes start as an int; static shapes go through decode.Session")
+            raise TypeError("forward takes start as an int (static shapes: decode.Session)")
         T, off = idx.shape[1], start or 0
         if pos is None:
             pos = torch.arange(off, off + T, device=idx.device)
-        if mask is None:   # (the offset as a tensor on the queries' device: a compiled kernel reads it)
+        if mask is None:   # (the offset on the queries' device: a compiled kernel reads it)
             mask = masks.block_causal(self.config.block_size, torch.tensor(off, device=idx.device))
         x = self.trunk(idx, pos, start, mask)
         x = x if keep is None else x[:, T - keep:]
@@ -200,10 +193,11 @@ class Transformer(nn.Module):
         if callable(mask) and not isinstance(mask, BlockMask):
             flex = self.attn_impl == "flex" or (self.attn_impl is None and idx.is_cuda
                                                and torch.compiler.is_compiling())
-            kv_len = self.layers[0].attn.cache.k.shape[2] if torch.is_tensor(start) else (start or 0) + T
+            kv_len = self.layers[0].attn.cache.k.shape[2] if torch.is_tensor(start) else \
+                (start or 0) + T
             mask = (masks.block_mask if flex else masks.dense_mask)(mask, T, kv_len, idx.device)
         hd = self.config.head_dim
-        inv_freq = self.config.rope_theta ** -(torch.arange(0, hd, 2, device=idx.device).float() / hd)
+        inv_freq = self.config.rope_theta ** -(torch.arange(0, hd, 2, device=idx.device) / hd)
         angles = pos.view(-1, 1, T, 1).float() * inv_freq    # (b or 1, 1, T, hd/2)
         angles = torch.cat((angles, angles), dim=-1)         # (b or 1, 1, T, hd): each half's
         cos, sin = angles.cos(), angles.sin()

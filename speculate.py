@@ -1,20 +1,15 @@
 """SimSD: speculative decoding of a block-diffusion LM with a small drafter dLLM.
 
 docs/design.md, section 3 (after the SimSD paper). Each round of the loop (decode.round_loop):
-  draft   the drafter decodes the open block, and past it up to `lookahead` later blocks, for a
-          fixed number of its own steps, all on the device: each step reveals its most
-          confident masked position, and every other above `draft_threshold`, in the first
-          block with a mask left; once the best confidence left falls below `draft_stop` it
-          drafts no more. Each drafted token d_i keeps its step label tau(i) (the step map)
-          and its draft distribution p_draft(i). One host sync reads the draft back.
-  verify  lossless (the default): the drafter's states X_t, X_t + d_1, ... (a later block's
-          from all masks) as whole-block copies in ONE target forward, the target's own rule
-          walked through them (verify.py): plain decoding's output, token for token in fp32.
-          temporal (the paper's): [data section | mask section] in ONE forward under the
-          token-level temporal causal mask, each slot at its data token's RoPE position
-          (verify_temporal), and the drafts accepted along tau: greedy, or speculative
-          sampling with the residual (accept_temporal). Not lossless: the drafter chose which
-          positions to reveal, and in which order.
+  draft   the drafter decodes the open block, and up to `lookahead` blocks past it, for a
+          fixed number of its own steps, every decision on the device (draft). Each drafted
+          token d_i keeps its step label tau(i) and its draft distribution p_draft(i).
+  verify  lossless (the default): the drafter's states X_t, X_t + d_1, ... as block copies
+          in ONE target forward, the target's own rule walked through them (verify.py):
+          plain decoding's output, token for token in fp32. temporal (the paper's): ONE
+          forward over [data section | mask section] under the token-level temporal mask,
+          slots at their data tokens' RoPE positions (verify_temporal), the drafts accepted
+          along tau, greedy or by speculative sampling (accept_temporal); not lossless.
 variants.py: the drafter-free references and the ablations; fast.py: the speed devices.
 
     python sample.py --spec simsd                  # on the embedded models
@@ -47,13 +42,11 @@ class Draft:
 
 def draft(sess, front, rule, steps, ahead, threshold, stop, gamma, stops, generator=None):
     """The drafter's decoding of the open block and `ahead` blocks past it: `steps` forwards
-    over the whole window (block-causal: a later block sees the blocks before it as they
-    stand), each revealing, in the first block with a mask left, the position whose most
-    likely token is the most confident, and every other above `threshold` (so where it drafts
-    never depends on the draw: the proposal there is exactly p_draft). It stops for good once
-    the best confidence left is below `stop`, after `gamma` drafts, or at a completed block
-    holding one of the `stops` ids. Every decision stays on the device; -> Draft, read back
-    with ONE host sync."""
+    over the whole window, each revealing, in the first block with a mask left, its most
+    confident position and every other above `threshold` (where it drafts never depends on
+    the draw: the proposal there is exactly p_draft). It stops for good once the best
+    confidence left is below `stop`, after `gamma` drafts, or after a block holding a `stops`
+    id. Every decision stays on the device; -> Draft, read back with ONE host sync."""
     B, mask_id, W = rule.block_size, rule.mask_id, (1 + ahead) * rule.block_size
     window = torch.cat([front.block, front.block.new_full((ahead * B,), mask_id)])
     pos = front.pos[0] + torch.arange(W, device=window.device)
@@ -89,26 +82,20 @@ def drafted_states(front, d, ahead, stops, mask_id, every=True):
     """A Draft's states as verify.Guesses: the open block before the first draft and after
     each (every), or after each drafter step (a rule that reveals several tokens a step
     rarely stops inside one); a later block's from all masks, after the complete state of the
-    block before it (which that copy sees as its earlier block); after a complete last state
-    holding no stop id, the next block's first state, while the draft may reach it."""
-    B, block = len(front.host), 0
-    states, parent, reach, drafted = [list(front.host)], [-1], [1.0], [0]
-
-    def add(state, of, odds, n):
-        states.append(state)
-        parent.append(of)
-        reach.append(odds)
-        drafted.append(n)
+    block before it; after a complete last state with no stop id, the next block's first."""
+    B, block, state = len(front.host), 0, None
+    rows = [(list(front.host), -1, 1.0, 0)]       # (state, parent, reach, drafts it holds)
     for i, p in enumerate(d.pos):
         if p // B > block:                     # on into the next block, after its complete copy
             block = p // B
-            add([mask_id] * B, len(states) - 1, reach[-1], i)
-        state = list(states[-1]) if drafted[-1] == i else state
+            rows.append(([mask_id] * B, len(rows) - 1, rows[-1][2], i))
+        state = list(rows[-1][0]) if rows[-1][3] == i else state
         state[p % B] = d.tokens[i]
         if every or i + 1 == len(d.pos) or d.tau[i + 1] != d.tau[i]:
-            add(state, parent[-1], d.reach[i] if d.reach else 1.0, i + 1)
-    if mask_id not in states[-1] and block < ahead and not stops.intersection(states[-1]):
-        add([mask_id] * B, len(states) - 1, reach[-1], len(d.pos))
+            rows.append((state, rows[-1][1], d.reach[i] if d.reach else 1.0, i + 1))
+    if mask_id not in rows[-1][0] and block < ahead and not stops.intersection(rows[-1][0]):
+        rows.append(([mask_id] * B, len(rows) - 1, rows[-1][2], len(d.pos)))
+    states, parent, reach, drafted = map(list, zip(*rows))
     copies = to_device(states, front.block.device) if len(states) > 1 else front.block[None]
     return Guesses(copies, [s.count(mask_id) for s in states],
                    parent if max(parent) >= 0 else None, reach, drafted)
@@ -116,11 +103,10 @@ def drafted_states(front, d, ahead, stops, mask_id, every=True):
 
 def verify_temporal(sess, front, d, rule, rope_copy=True):
     """The paper's verifier: ONE target forward over [data section | mask section] under the
-    token-level temporal mask (mask.simsd_temporal): the known and drafted tokens as data, one
-    mask slot a drafted position, labelled with its step, and one for each undrafted masked
-    position, after every step. A slot takes its data token's RoPE position (rope_copy; the
-    ablation continues the sequence after the block). -> (slots, V) logits, the drafts' slots
-    first, in draft order. Built from host lists: no host sync."""
+    token-level temporal mask (mask.simsd_temporal): known and drafted tokens as data, a mask
+    slot for each drafted position with its step, and one for each undrafted masked position
+    after every step, at its data token's RoPE position (rope_copy; the ablation continues
+    the sequence after the block). -> (slots, V) logits, the drafts' first, in draft order."""
     host, mask_id, B = front.host, rule.mask_id, rule.block_size
     known = [i for i, t in enumerate(host) if t != mask_id]
     rest = undrafted(front, d, mask_id)
@@ -185,9 +171,8 @@ def undrafted(front, d, mask_id):
 
 def temporal_round(sess, propose, rule, rope_copy, order, generator, stats, extra):
     """A round of the paper's own path: propose(front, 0) -> a Draft of the open block;
-    ONE forward over [data section | mask section] (verify_temporal); accept_temporal.
-    order="position": the paper's ablation, the drafts revealed left to right, one a step.
-    extra: as verify.walk's, on the slots' logits (Frontier.ranks for the next round)."""
+    verify_temporal; accept_temporal. order="position": the paper's ablation, the drafts
+    revealed left to right, one a step. extra: verify.walk's, on the slots' logits."""
     def round_(front, room):
         d = propose(front, 0)
         if order == "position":          # left to right, one a step
@@ -209,9 +194,8 @@ def temporal_round(sess, propose, rule, rope_copy, order, generator, stats, extr
 
 def copies_round(sess, propose, rule, ahead, stops, generator, stats, extra, walk, cut, accept):
     """A round of the lossless path: propose(front, ahead) -> a Draft; its states as block
-    copies (drafted_states), cut(guesses) -> the prefix verified (fast.sized; None: all); ONE
-    target forward (verify.verify_copies) and the target's own rule walked through them.
-    accept: an ablation's acceptance on the same forward instead of the walk (variants.py)."""
+    copies (drafted_states), cut(guesses) -> those verified (None: all), in ONE forward, the
+    rule walked through them. accept: an ablation's acceptance instead of the walk."""
     every = accept is not None or rule.strategy not in ("low_confidence_dynamic", "entropy_bounded")
 
     def guesses(front, room):
@@ -235,13 +219,11 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
                    on_block=None, walk=walk, cut=None, propose=None, extra=no_extra,
                    accept=None):
     """SimSD decoding; decode.generate's arguments and output, plus: drafter, a Transformer of
-    the target's vocabulary (batch 1); verifier: "copies" (lossless) or "temporal" (the
-    paper's); draft_steps, draft_threshold, draft_stop, gamma: `draft`'s (DRAFT_STEPS or
-    gamma; B x (1 + lookahead)); lookahead: blocks past the open one a round may draft (LOOKAHEAD;
-    copies only); rope_copy, order: the temporal path's ablations; copy_commit: Session's.
-    Speed devices (fast.py): walk, cut(guesses) -> the copies verified. Variants (variants.py):
-    propose(front, ahead) -> Draft instead of the drafter, extra (verify.walk's: the ranks they
-    read), accept (on copies)."""
+    the target's vocabulary; verifier: "copies" (lossless) or "temporal" (the paper's);
+    draft_steps, draft_threshold, draft_stop, gamma: `draft`'s; lookahead: blocks past the
+    open one a round may draft (copies only); rope_copy, order: the temporal path's ablations.
+    Speed devices (fast.py): walk, cut. Variants (variants.py): propose(front, ahead) -> Draft
+    instead of the drafter, extra (verify.walk's), accept (on copies)."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     B, temporal = rule.block_size, verifier == "temporal"

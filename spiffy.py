@@ -4,14 +4,12 @@ docs/design.md, section 4 (after the Spiffy paper). No drafter: the drafts are g
 block's future states, built from the target's own last distribution.
   - A draft node is a set of reveals (i, j): "the position ranked i by confidence gets its
     j-th most likely token" (ranks). Node A is a parent of B if B reveals one step more and
-    A's reveals are a subset of B's: the drafts form a directed graph.
-  - calibrate: run plain decoding on a few prompts, count the reveal sets that followed each
-    state, keep the connected subgraph of the D most frequent (python calibrate.py).
-  - A round: instantiate the graph on the current state from the last forward's ranks, keep
-    the D* best (build_drafts: dynamic pruning by geometric-mean score), verify them all in
-    ONE forward of block copies and walk the rule through them (verify.py): the output is
-    plain decoding's, token for token. After a draft that finishes the block comes the next
-    block's first state.
+    A's reveals are a subset of B's. The graph: the connected subgraph of the D reveal sets
+    most often seen following a state in plain decoding (calibrate.py, offline).
+  - A round: the graph's nodes on the current state, from the last forward's ranks; the D*
+    best kept (build_drafts); all verified in ONE forward of block copies and the rule walked
+    through them (verify.py): plain decoding's output, token for token. After a draft that
+    finishes the block comes the next block's first state.
 
     python sample.py --spec spiffy
 """
@@ -42,34 +40,21 @@ def ranks(logits, states, rule, k=None, packed_at=None):
     return order, tok[by_rank], p[by_rank]
 
 
-def reveal_pairs(ranked, state, later, mask_id):
-    """The (position rank, token rank) pairs that turn `state` into `later`, given the
-    state's `ranks` (calibration only: it syncs freely)."""
-    order, tok_order, _ = ranked
-    m = int((state == mask_id).sum())
-    return tuple((i, int((tok_order[i] == later[p]).nonzero()[0]))
-                 for i, p in enumerate(order[:m].tolist()) if later[p] != mask_id)
-
-
 def reachable(node, chosen, one_per_step):
     """A node can be matched only after one of its parents (a chosen node one step smaller),
     unless the first step can produce it: any reveal set under the threshold rule."""
-    if len(node) == 1 or not one_per_step:
-        return True
-    return any(len(a) == len(node) - 1 and set(a) < set(node) for a in chosen)
+    return len(node) == 1 or not one_per_step or \
+        any(len(a) == len(node) - 1 and set(a) < set(node) for a in chosen)
 
 
 def connected_top(nodes, score, budget, one_per_step):
     """The `budget` best nodes by score that stay connected to the root."""
     chosen, todo = [], sorted(nodes, key=lambda n: (-score[n], len(n), n))
-    added = True
-    while added and len(chosen) < budget:
-        added = False
-        for n in todo:
-            if n not in chosen and reachable(n, chosen, one_per_step):
-                chosen.append(n)
-                added = True
-                break
+    while len(chosen) < budget:
+        n = next((n for n in todo if n not in chosen and reachable(n, chosen, one_per_step)), None)
+        if n is None:
+            return chosen
+        chosen.append(n)
     return chosen
 
 
@@ -95,23 +80,10 @@ def build_drafts(ranked, state, graph, budget, rule):
         logs += [math.log(score[c]) for c in nodes if set(n) < set(c)
                  and (len(c) == len(n) + 1 or not single)]
         score[n] = math.exp(sum(logs) / len(logs))
-    drafts, chances = [], []
-    for n in connected_top(nodes, score, budget, single):
-        s = list(state)
-        for i, j in n:
-            s[order[i]] = tok_order[i][j]
-        drafts.append(s)
-        chances.append(math.prod(p[i][j] for i, j in n))
-    return drafts, chances
-
-
-def graph_rule(rule):
-    r = dict(block_size=rule.block_size, strategy=rule.strategy, steps=rule.steps)
-    if rule.strategy == "low_confidence_dynamic":
-        r["threshold"] = rule.threshold
-    if rule.strategy == "entropy_bounded":
-        r["eb_threshold"] = rule.eb_threshold
-    return r
+    kept = [(n, {order[i]: tok_order[i][j] for i, j in n})        # node, its reveals
+            for n in connected_top(nodes, score, budget, single)]
+    return [[r.get(q, t) for q, t in enumerate(state)] for _, r in kept], \
+        [math.prod(p[i][j] for i, j in n) for n, _ in kept]
 
 
 def draft_copies(ranked, state, block, graph, budget, rule, cross, stops):
@@ -163,41 +135,3 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
     return out, dict(run, tokens_per_s=len(out) / run["seconds"], lookahead=1,
                      steps_per_forward=counted(stats, "steps"),
                      nodes_per_forward=counted(stats, "copies"), blocks_ahead=stats["blocks_ahead"])
-
-
-@torch.no_grad()
-def trajectories(model, prompt, max_new_tokens, rule, record):
-    """Plain decoding of `prompt`, calling record(states, logits) as each block ends: its
-    states, and the (B, V) logits each step read (the walk's extra sees every step)."""
-    ids, B = check_prompt(prompt, model.config, max_new_tokens), rule.block_size
-    sess, states, logits = Session(model, B, len(ids) + max_new_tokens + 3 * B), [], []
-
-    def step(lg, copies, new):
-        states[:] = states or [copies[0]]
-        logits.append(lg[packed_index(copies[0], rule.mask_id)])
-        states.append(new[0])
-        if rule.mask_id not in new[0]:
-            record(list(states), list(logits))
-            states.clear(), logits.clear()
-        return ()
-    round_ = lossless_round(sess, rule, propose_nothing, extra=step)
-    round_loop(round_, [sess], ids, rule, max_new_tokens, stop_ids(model.config))
-
-
-def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
-    """Count the reveal sets that followed each state in plain decoding, relative to the
-    distribution the drafts would have been built from (the previous state's), and keep
-    the connected subgraph of the `budget` most frequent."""
-    counts = Counter()
-
-    def record(states, logits):
-        # drafts for state t are built from logits[t - 1] (the previous state's forward)
-        for t in range(1, len(states) - 1):
-            ranked = ranks(logits[t - 1], states[t], rule)
-            for d in range(1, min(max_depth, len(states) - 1 - t) + 1):
-                counts[reveal_pairs(ranked, states[t], states[t + d], rule.mask_id)] += 1
-
-    for p in prompts:
-        trajectories(model, p, max_new_tokens, rule, record)
-    nodes = connected_top(list(counts), counts, budget, one_per_step(rule))
-    return dict(graph_rule(rule), nodes=nodes, counts=[counts[n] for n in nodes])

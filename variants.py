@@ -150,7 +150,7 @@ def on_copies(accept_rule, gate=GATE):
 def target_sure(logits, copies, d, drafted_in, rule, gate):
     """(n,) bool: the target is sure of draft k's position in the state it was drafted in: it
     is the target's most confident masked position there, or its confidence is above gate."""
-    B, pos = copies.shape[1], to_device(d.pos, copies.device) % copies.shape[1]
+    pos = to_device(d.pos, copies.device) % copies.shape[1]
     top = rule.best(logits)[1][packed_index(copies, rule.mask_id)]    # (m, B)
     top = top.masked_fill(copies != rule.mask_id, -1.0)[to_device(drafted_in, copies.device)]
     return (top.argmax(-1) == pos) | (top[torch.arange(len(pos), device=pos.device), pos] > gate)

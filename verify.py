@@ -1,14 +1,12 @@
-"""Exact verification, shared by the lossless decoders: ONE target forward over whole-block
-copies of guessed states, then plain decoding's rule walked through them (docs/design.md, 4).
+"""Exact verification, shared by the lossless decoders (docs/design.md, section 4).
 
-A proposer (SimSD's drafter, Spiffy's graph, or nothing: plain decoding) turns the open block
-into Guesses: copies of it in states it may reach, and after a complete copy, copies of the
-next block. verify_copies puts them in ONE forward, each copy attending to the cache, itself
-and the copies of the blocks before it (mask.block_copies): its logits are exactly the
-target's in that state. walk applies the rule to the open block's logits and, while the new
-state is a verified copy, goes on from that copy's: plain decoding's steps, on exact logits,
-with the random draws in plain decoding's order. Token for token in fp32 (tested); in bf16
-another shape rounds differently, so bench.py reports an agreement rate there.
+A proposer (SimSD's drafter, Spiffy's graph, or nothing) turns the open block into Guesses:
+copies of it in states it may reach, and after a complete copy, copies of the next block.
+verify_copies puts them in ONE forward, each attending to the cache, itself and the copies of
+the blocks before it (mask.block_copies): its logits are exactly the target's in that state.
+walk applies the rule and, while the new state is a verified copy, goes on from that copy's
+logits: plain decoding's steps and random draws, so its output, token for token in fp32
+(tested; in bf16 another shape rounds differently: bench.py reports an agreement rate).
 """
 from dataclasses import dataclass
 
@@ -23,9 +21,8 @@ class Guesses:
     """A round's copies, as verify_copies and walk take them."""
     copies: torch.Tensor   # (n, B) block states; copies[0] is the open block itself
     counts: list           # each copy's number of masked positions (host ints)
-    parent: list = None    # None: every copy is a state of the open block; else parent[i] = -1
-                           # for those, or the index of the COMPLETE copy of the block before
-                           # the block copy i is a state of (always an earlier copy)
+    parent: list = None    # None: all states of the open block; else -1 for those, or the
+                           # index of the COMPLETE copy of the block before copy i's block
     reach: list = None     # the proposer's guess that the walk reaches each copy (fast.sized)
     drafted: list = None   # drafts each copy holds (SimSD's: its drafts accepted)
 
@@ -52,8 +49,7 @@ def verify_copies(sess, g, pos):
 
 def lineage(parent, at_least=16):
     """parent (Guesses') -> each copy's depth (blocks past the open one), and sees[q][k]: copy
-    q sees copy k, itself or a block it continues; padded to at_least x at_least, so that the
-    mask's captured tensor keeps one shape (no recompiles)."""
+    q sees copy k (itself or a block it continues), at least 16 x 16 (one shape to compile)."""
     n = len(parent)
     size = max(n, at_least)
     depth, sees = [0] * n, [[0] * size for _ in range(size)]
@@ -82,12 +78,11 @@ def no_extra(logits, copies, states):
 
 
 def walk(logits, g, step, rule, generator=None, extra=no_extra):
-    """Plain decoding through the verified copies of g, from copies[0] at the rule's step index
-    `step`: a new state with a mask left goes on from the copy of the same block in that
-    state, a complete one from the next block's first copy after it (step index back at 0).
-    The random draws come in plain decoding's order. extra(packed logits of (m, B) copies, the
-    (m, B) states they step to) -> tensors of m rows, brought to the host with the walk
-    (Walk.ranks: the last state's rows). A host sync a step (fast.walk: one a round)."""
+    """Plain decoding through the verified copies of g, from copies[0] at step index `step`:
+    a new state with a mask left goes on from the copy of its block in that state, a complete
+    one from the next block's first copy. extra(packed logits of (m, B) copies, their (m, B)
+    new states) -> m-row tensors brought back with the walk (Walk.ranks: the last state's).
+    A host sync a step (fast.walk: one a round)."""
     each, n = logits.split(g.counts), len(g.counts)
     parent = g.parent or [-1] * n
     first = {}                            # a complete copy -> its next block's first copy

@@ -22,7 +22,8 @@ import fast
 from decode import DecodeRule, generate
 from checkpoint import PRESETS
 from speculate import simsd_generate
-from spiffy import calibrate, spiffy_generate
+from calibrate import calibrate
+from spiffy import spiffy_generate
 
 MASK_ID, B = PRESETS["tiny"]["mask_token_id"], 4
 

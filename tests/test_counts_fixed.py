@@ -30,7 +30,8 @@ from conftest import make_model  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
 from checkpoint import PRESETS  # noqa: E402
 from variants import simsd as simsd_generate  # noqa: E402
-from spiffy import calibrate, spiffy_generate  # noqa: E402
+from calibrate import calibrate
+from spiffy import spiffy_generate  # noqa: E402
 from test_lookahead import RULES, pair, tokens  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decoding_counts.json"

@@ -13,7 +13,8 @@ import fast
 from decode import DecodeRule, generate
 from checkpoint import PRESETS
 from speculate import simsd_generate
-from spiffy import calibrate, spiffy_generate
+from calibrate import calibrate
+from spiffy import spiffy_generate
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 MASK_ID, B = PRESETS["tiny"]["mask_token_id"], 8

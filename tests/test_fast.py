@@ -19,7 +19,8 @@ from decode import DecodeRule, generate
 from model import Transformer
 from checkpoint import PRESETS
 from speculate import simsd_generate
-from spiffy import calibrate, spiffy_generate
+from calibrate import calibrate
+from spiffy import spiffy_generate
 from test_lookahead import pair
 from test_syncs import SyncCounter
 

@@ -27,7 +27,8 @@ from decode import DecodeRule, Session, generate
 from model import ModelConfig, Transformer, flex_kernel_options
 from checkpoint import PRESETS
 from speculate import simsd_generate
-from spiffy import calibrate, spiffy_generate
+from calibrate import calibrate
+from spiffy import spiffy_generate
 from verify import Guesses, verify_copies
 
 MASK_ID, B = PRESETS["tiny"]["mask_token_id"], 4

@@ -29,7 +29,8 @@ from decode import DecodeRule, Frontier, Session, generate
 from checkpoint import PRESETS
 from variants import simsd as simsd_generate
 
-from spiffy import calibrate, spiffy_generate
+from calibrate import calibrate
+from spiffy import spiffy_generate
 from verify import Guesses
 
 MASK_ID, VOCAB = PRESETS["tiny"]["mask_token_id"], PRESETS["tiny"]["vocab_size"]

@@ -19,12 +19,14 @@ import pytest
 import torch
 
 import fast
+import calibrate as calibration
 import spiffy
 from conftest import make_model
 from decode import DecodeRule, generate, to_host
 from checkpoint import PRESETS
 from calibrate import load_graph
-from spiffy import build_drafts, calibrate, graph_rule, ranks, spiffy_generate
+from calibrate import calibrate, graph_rule
+from spiffy import build_drafts, ranks, spiffy_generate
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 NO_EOS = -1     # an eos_id that never occurs: fixed-length output
@@ -319,11 +321,11 @@ def drafts_for(last, state, graph, budget, rule):
 
 
 def trajectory(model, rule, prompt):
-    """Plain decoding's states and logits for the first block (spiffy.trajectories' `record`
+    """Plain decoding's states and logits for the first block (calibrate.trajectories' `record`
     hook, what calibration reads)."""
     seen = []
-    with torch.no_grad():                 # (as spiffy.calibrate calls it)
-        spiffy.trajectories(model, prompt, rule.block_size, rule, lambda states, logits: seen.append((states, logits)))
+    with torch.no_grad():                 # (as calibrate.calibrate calls it)
+        calibration.trajectories(model, prompt, rule.block_size, rule, lambda states, logits: seen.append((states, logits)))
     assert seen and len(seen[0][0]) == len(seen[0][1]) + 1       # the block's states, one logits a step
     return seen[0]
 

@@ -21,7 +21,8 @@ import verify
 from conftest import make_model
 from decode import DecodeRule, generate
 from checkpoint import PRESETS
-from spiffy import calibrate, spiffy_generate
+from calibrate import calibrate
+from spiffy import spiffy_generate
 
 aten = torch.ops.aten
 MASK_ID, B, NO_EOS = PRESETS["tiny"]["mask_token_id"], 8, -1

@@ -294,7 +294,7 @@ class Advance:
 def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=None):
     """The round loop every decoder shares. Prefill the prompt's whole blocks into each
     session (its tail stays in the open block as known tokens: blocks stay on the grid), then
-    round_(front, room) -> Advance, round after round; room: the tokens max_new_tokens leaves
+    round_(front, left) -> Advance, round after round; left: the tokens max_new_tokens leaves
     after the open block. Each completed block is committed to every session (to the first,
     the verifier, from its copy where it has one), and here decoding stops: at a `stops` id,
     at max_new_tokens, or when on_block(new ids) returns True. prompt: a host list. -> (new ids
@@ -346,7 +346,7 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
     ids, B = check_prompt(prompt, c, max_new_tokens), rule.block_size
     sess = Session(model, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
 
-    def plain_round(front, room):                     # logits at the masked positions only
+    def plain_round(front, left):                     # logits at the masked positions only
         logits = sess.forward(front.block, front.pos, lambda c, n: masks.block_causal(B, c), keep=B,
                               rows=packed_rows(front.block, rule.mask_id, front.n_masked))
         block = rule(logits, front.block, front.step, generator)

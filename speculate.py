@@ -173,7 +173,7 @@ def temporal_round(sess, propose, rule, rope_copy, order, generator, stats, extr
     """A round of the paper's own path: propose(front, 0) -> a Draft of the open block;
     verify_temporal; accept_temporal. order="position": the paper's ablation, the drafts
     revealed left to right, one a step. extra: verify.walk's, on the slots' logits."""
-    def round_(front, room):
+    def round_(front, left):
         d = propose(front, 0)
         if order == "position":          # left to right, one a step
             by = sorted(range(len(d.pos)), key=d.pos.__getitem__)
@@ -198,17 +198,17 @@ def copies_round(sess, propose, rule, ahead, stops, generator, stats, extra, wal
     rule walked through them. accept: an ablation's acceptance instead of the walk."""
     every = accept is not None or rule.strategy not in ("low_confidence_dynamic", "entropy_bounded")
 
-    def guesses(front, room):
-        ahead_ = min(ahead, max(0, -(-room // rule.block_size)))     # blocks of room left
+    def guesses(front, left):
+        ahead_ = min(ahead, max(0, -(-left // rule.block_size)))     # blocks left to decode
         d = propose(front, ahead_)
         return d, drafted_states(front, d, ahead_, stops, rule.mask_id, every)
     if accept is not None:                   # (every drafted state verified: no cut)
-        def round_(front, room):
-            d, g = guesses(front, room)
+        def round_(front, left):
+            d, g = guesses(front, left)
             return accept(verify_copies(sess, g, front.pos), g, d, front, rule, generator, stats)
         return round_
-    return lossless_round(sess, rule, lambda front, room: (cut or (lambda g: g))(
-        guesses(front, room)[1]), generator, extra, walk, stats)
+    return lossless_round(sess, rule, lambda front, left: (cut or (lambda g: g))(
+        guesses(front, left)[1]), generator, extra, walk, stats)
 
 
 @torch.no_grad()
@@ -234,10 +234,10 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     check_settings(verifier, lookahead, gamma, draft_steps, draft_threshold, draft_stop, rope_copy,
                    order)
     ids, stops, stats = check_prompt(prompt, c, max_new_tokens), stop_ids(c, eos_id), Counter()
-    room = len(ids) + max_new_tokens
-    sessions = [Session(target, B, room + (gamma + lookahead + 5) * B, fuse_commit, copy_commit)]
+    longest = len(ids) + max_new_tokens
+    sessions = [Session(target, B, longest + (gamma + lookahead + 5) * B, fuse_commit, copy_commit)]
     if propose is None:
-        sessions.append(Session(drafter, B, room + (lookahead + 4) * B, fuse_commit))
+        sessions.append(Session(drafter, B, longest + (lookahead + 4) * B, fuse_commit))
         stream = generator and torch.Generator(generator.device).manual_seed(   # its own stream
             generator.initial_seed() + 1)
         propose = lambda front, ahead: draft(sessions[1], front, rule, draft_steps, ahead,  # noqa

@@ -124,9 +124,9 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
                    copy_commit)
     k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0) if graph else 0
 
-    def propose(front, room):   # the graph's drafts, from the ranks the last forward gave
+    def propose(front, left):   # the graph's drafts, from the ranks the last forward gave
         g = draft_copies(front.ranks, front.host, front.block, graph, draft_budget, rule,
-                         room > 0, stops) if front.ranks else propose_nothing(front, room)
+                         left > 0, stops) if front.ranks else propose_nothing(front, left)
         return cut(g) if cut else g   # (a new block's first state: no forward has seen it)
 
     extra = (lambda lg, cp, st: ranks(lg, st, rule, k, cp)) if graph else no_extra

@@ -7,13 +7,13 @@ that run no forward of their own:
   trajectory  the target's own last forward: at the open block's state, its most likely token
               at every masked position, revealed in its own confidence order (the threshold
               rule's first step at once, then one a step). Read off the ranks the last walk
-              brought back (Frontier.ranks; `ranked` is the walk's extra that makes them).
+              brought back (Frontier.ranks; `best_token_ranks` is the walk's extra that makes them).
   lookup      prompt-lookup decoding's n-gram match: the most recent earlier occurrence, in the
               prompt and the text decoded so far (Frontier.context), of the last n tokens
               before the open block's first mask, and the tokens that followed it, on into
               later blocks. No match: nothing proposed, and the round is a plain step.
 Both propose fixed tokens, a point proposal: p_draft is one-hot where the paper's acceptance
-reads it (`point`), and the lossless walk never reads it.
+reads it (`one_hot_draft`), and the lossless walk never reads it.
 
 The acceptance ablations on the drafter's states as exact block copies (not lossless):
 "paper" accepts along the draft order while the target agrees (greedy match, or speculative
@@ -93,12 +93,12 @@ def lookup_draft(front, rule, n, ahead, stops, by_confidence=True):
     return Draft(pos, [full[p] for p in pos], list(range(1, len(pos) + 1)), None, reach)
 
 
-def point(d, vocab, device):
+def one_hot_draft(d, vocab, device):
     """d with one-hot p_draft (a point proposal), as the paper's acceptance reads it."""
     return replace(d, p_draft=F.one_hot(to_device(d.tokens, device), vocab).float())
 
 
-def ranked(rule):
+def best_token_ranks(rule):
     """The walk's `extra` for the drafter-free sources: each new state's positions by the
     confidence of their best token under the logits it was stepped from (masked ones first),
     each one's best token and its confidence ((..., B), (..., B, 1), (..., B, 1): spiffy.ranks'
@@ -182,10 +182,10 @@ def simsd(target, drafter, prompt, max_new_tokens=64, rule=None, acceptance="los
         kw["propose"] = lambda front, ahead: lookup_draft(front, rule, lookup_n, ahead, stops,
                                                           by_confidence=not temporal)
     if reference != "drafter":
-        kw["extra"] = no_extra if reference == "lookup" and temporal else ranked(rule)
+        kw["extra"] = no_extra if reference == "lookup" and temporal else best_token_ranks(rule)
     if reference != "drafter" and temporal:
         source, vocab = kw["propose"], target.config.vocab_size
-        kw["propose"] = lambda front, ahead: point(source(front, ahead), vocab, device)
+        kw["propose"] = lambda front, ahead: one_hot_draft(source(front, ahead), vocab, device)
     if acceptance in ("paper", "gated") and not temporal:
         kw["accept"] = on_copies(acceptance, gate)
     out, stats = simsd_generate(target, drafter, prompt, max_new_tokens, rule, **kw)

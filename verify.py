@@ -27,7 +27,7 @@ class Guesses:
     drafted: list = None   # drafts each copy holds (SimSD's: its drafts accepted)
 
 
-def propose_nothing(front, room):
+def propose_nothing(front, left):
     """Plain decoding as a proposer: the open block's own state, no guess."""
     return Guesses(front.block[None], [front.n_masked])
 
@@ -107,11 +107,11 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
 
 
 def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=walk, stats=None):
-    """A round of the lossless decoders (decode.round_loop's round_): propose(front, room) ->
+    """A round of the lossless decoders (decode.round_loop's round_): propose(front, left) ->
     Guesses; ONE forward of sess verifies them; the rule walks through them (`walk`: this
     module's, or fast.walk). stats: a Counter the round counts itself into (tally)."""
-    def round_(front, room):
-        g = propose(front, room)
+    def round_(front, left):
+        g = propose(front, left)
         w = walk(verify_copies(sess, g, front.pos), g, front.step, rule, generator, extra)
         if stats is not None:
             tally(stats, g, w)

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULES = {p.stem: p for p in ROOT.glob("*.py")}
 BUDGETS = {"sample.py": 160, "bench.py": 380, "model.py": 350, "train.py": 350, "speculate.py": 300,
            "spiffy.py": 300, "verify.py": 300, "variants.py": 300, "fast.py": 300}
-DECODERS = ("decode", "verify", "speculate", "spiffy", "fast", "variants")   # lines <= 100 characters
+DECODERS = ("decode", "verify", "speculate", "spiffy", "fast", "variants", "mask", "model")   # lines <= 100 characters
 
 
 def imports(path, top_level_only=True):
@@ -76,13 +76,14 @@ def reading_path(*roots):
 
 
 def test_reading_paths_do_not_grow():
-    """The reader's paths, today's sizes as the ceiling (2026-12-04: 920, 1,408, 1,910 and 2,197
-    lines; 2026-12-05: 771, 1,174, 1,244 and 1,474; the goal is 650, 950, 1,000 and 1,200).
-    A budget met by moving lines into another module the path imports is not met."""
-    assert reading_path("decode") <= 771
-    assert reading_path("spiffy") <= 1174
-    assert reading_path("speculate") <= 1244
-    assert reading_path("decode", "spiffy", "speculate") <= 1474
+    """The reader's paths (2026-12-04: 920, 1,408, 1,910 and 2,197 lines; 2026-12-05, morning:
+    771, 1,174, 1,244 and 1,474; evening: 647, 927, 1,063 and 1,200). The goals are 650, 950,
+    1,000 and 1,200: all met but SimSD's, whose ceiling is today's size. A budget met by moving
+    lines into another module the path imports is not met."""
+    assert reading_path("decode") <= 650
+    assert reading_path("spiffy") <= 950
+    assert reading_path("speculate") <= 1063
+    assert reading_path("decode", "spiffy", "speculate") <= 1200
 
 
 def test_size_budgets():

@@ -1,7 +1,8 @@
 """HF-format checkpoints: the directory layout of real SDAR / Qwen3 checkpoints, read and written.
 
 - config.json <-> ModelConfig: every key that shapes the network is required, with its type
-  (`config_from_hf`); generation_config.json adds a chat model's stop ids.
+  (`config_from_hf`, under config.json's names: HF_KEYS); generation_config.json adds a chat
+  model's stop ids. check_config refuses a network that cannot run; PRESETS: SDAR's shapes.
 - Weights: model.safetensors, or the shards that model.safetensors.index.json lists, under HF's
   names (HF_NAMES). `from_pretrained` reads one shard at a time straight onto the device, into
   a model built on the meta device, so the weights never exist twice in memory.
@@ -45,32 +46,32 @@ PRESETS = {
 }
 
 
-def check_config(self):
+def check_config(config):
     """Refuse a ModelConfig whose network cannot be built or run, in one line that uses
     config.json's names; -> the config."""
     for name in ("vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim",
                  "intermediate_size", "block_size", "max_seq_len"):
-        if getattr(self, name) < 1:
-            raise ValueError(f"{HF_KEYS[name]} must be >= 1, got {getattr(self, name)}")
-    if not (self.rope_theta > 0 and self.norm_eps > 0):
-        raise ValueError(f"rope_theta and rms_norm_eps must be > 0, got {self.rope_theta}, "
-                         f"{self.norm_eps}")
-    if self.n_head % self.n_kv_head:
-        raise ValueError(f"num_attention_heads ({self.n_head}) is not a multiple of "
-                         f"num_key_value_heads ({self.n_kv_head})")
-    if self.head_dim % 2:
-        raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
-    if not 0 <= self.mask_token_id < self.vocab_size:  # (an odd EOS id only never stops)
-        raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary "
-                         f"(vocab_size {self.vocab_size})")
-    if not all(0 <= i < self.vocab_size for i in self.stop_ids):
-        raise ValueError(f"eos_token_id {list(self.stop_ids)} holds an id outside the "
-                         f"vocabulary (vocab_size {self.vocab_size})")
-    if any(b < 1 for b in self.block_sizes) or \
-            (self.block_sizes and self.block_size not in self.block_sizes):
-        raise ValueError(f"block_sizes {list(self.block_sizes)} must be >= 1 and include "
-                         f"block_size {self.block_size}")
-    return self
+        if getattr(config, name) < 1:
+            raise ValueError(f"{HF_KEYS[name]} must be >= 1, got {getattr(config, name)}")
+    if not (config.rope_theta > 0 and config.norm_eps > 0):
+        raise ValueError(f"rope_theta and rms_norm_eps must be > 0, got {config.rope_theta}, "
+                         f"{config.norm_eps}")
+    if config.n_head % config.n_kv_head:
+        raise ValueError(f"num_attention_heads ({config.n_head}) is not a multiple of "
+                         f"num_key_value_heads ({config.n_kv_head})")
+    if config.head_dim % 2:
+        raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {config.head_dim}")
+    if not 0 <= config.mask_token_id < config.vocab_size:  # (an odd EOS id only never stops)
+        raise ValueError(f"mask_token_id {config.mask_token_id} is outside the vocabulary "
+                         f"(vocab_size {config.vocab_size})")
+    if not all(0 <= i < config.vocab_size for i in config.stop_ids):
+        raise ValueError(f"eos_token_id {list(config.stop_ids)} holds an id outside the "
+                         f"vocabulary (vocab_size {config.vocab_size})")
+    if any(b < 1 for b in config.block_sizes) or \
+            (config.block_sizes and config.block_size not in config.block_sizes):
+        raise ValueError(f"block_sizes {list(config.block_sizes)} must be >= 1 and include "
+                         f"block_size {config.block_size}")
+    return config
 
 
 # what config.json may leave out (rope_theta: checked apart, it may sit in rope_parameters)

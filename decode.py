@@ -279,7 +279,7 @@ class Frontier:
     n_masked: int         # how many of them are masked (on the host)
     host: list = None     # the state on the host
     step: int = 0         # the rule's step index within the block
-    ranks: tuple = ()     # spiffy.ranks of this state by the forward that made it (host lists)
+    ranks: tuple = ()     # the walk's extra rows of this state (spiffy.ranks), on the host
     context: list = ()    # the ids before the open block, on the host
 
 
@@ -298,7 +298,7 @@ def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=N
     after the open block. Each completed block is committed to every session (to the first,
     the verifier, from its copy where it has one), and here decoding stops: at a `stops` id,
     at max_new_tokens, or when on_block(new ids) returns True. prompt: a host list. -> (new ids
-    without the stop id, stats: why it stopped, tokens, seconds, syncs, nfe, rows)."""
+    without the stop id, stats: stop, tokens, seconds (from the prefill), syncs, nfe, rows)."""
     B, mask_id, device = rule.block_size, rule.mask_id, sessions[0].device
     t0, syncs, n_prefix = time.perf_counter(), SYNCS["host"], len(prompt) // B * B
 

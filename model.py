@@ -19,7 +19,7 @@ import mask as masks
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig:   # plain data: checkpoint.check_config refuses one that cannot run
     vocab_size: int = 2048
     n_layer: int = 2
     n_head: int = 4

@@ -37,7 +37,7 @@ class Draft:
     tokens: list    # d_i
     tau: list       # step labels 1, 2, ... (equal within one drafter step)
     p_draft: torch.Tensor = None   # (n, V) the drafter's distribution where each was drafted
-    reach: list = None             # the odds the target reaches each draft's state (a guess)
+    reach: list = None             # p_draft's running product: the odds of reaching each
 
 
 def draft(sess, front, rule, steps, ahead, threshold, stop, gamma, stops, generator=None):
@@ -69,13 +69,14 @@ def draft(sess, front, rule, steps, ahead, threshold, stop, gamma, stops, genera
         tau, key = torch.where(reveal, t, tau), torch.where(reveal, t * W + rank, key)
         p_at = p if p_at is None else torch.where(reveal[:, None], p, p_at)
         if stop:                                   # the best confidence left, below `stop`
-            left = conf.masked_fill(reveal, -1.0).amax()
-            alive &= (left < 0) | (left >= stop)
+            best_left = conf.masked_fill(reveal, -1.0).amax()
+            alive &= (best_left < 0) | (best_left >= stop)
     reach = p_at.gather(-1, window[:, None]).squeeze(-1)
     tokens, tau, key, reach = to_host(window, tau, key, reach)          # the one host sync
     at = sorted((i for i in range(W) if tau[i]), key=key.__getitem__)
+    reach = list(accumulate((reach[i] for i in at), lambda a, b: a * b))   # p_draft's product
     return Draft(at, [tokens[i] for i in at], [tau[i] for i in at],
-                 p_at[to_device(at, window.device)], list(accumulate(reach[i] for i in at)))
+                 p_at[to_device(at, window.device)], reach)
 
 
 def drafted_states(front, d, ahead, stops, mask_id, every=True):

@@ -58,7 +58,7 @@ def connected_top(nodes, score, budget, one_per_step):
     return chosen
 
 
-def one_per_step(rule):
+def one_per_step(rule):   # the rule reveals one token a step: a node can only follow its parent
     return rule.strategy in ("low_confidence_static", "random", "sequential") and \
         rule.steps == rule.block_size
 
@@ -91,9 +91,9 @@ def draft_copies(ranked, state, block, graph, budget, rule, cross, stops):
     draft that finishes the block, the next block's first state (two copies of the budget for
     that draft), when `cross` (a block after this one is wanted) and the draft holds none of
     the `stops` ids (decoding would end there). -> verify.Guesses."""
-    drafts, chances = build_drafts(ranked, state, graph, budget, rule) if graph else ([], [])
+    drafts, odds = build_drafts(ranked, state, graph, budget, rule) if graph else ([], [])
     host, parent, reach = [state], [-1], [1.0]
-    for d, p in zip(drafts, chances):
+    for d, p in zip(drafts, odds):
         crosses = cross and rule.mask_id not in d and not stops.intersection(d)
         if len(host) + crosses > budget:
             break
@@ -122,12 +122,12 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
         stop_ids(c, eos_id), Counter()
     sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 4) * B, fuse_commit,
                    copy_commit)
-    k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0) if graph else 0
+    k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0) if graph else 0  # ranks'
 
-    def propose(front, left):   # the graph's drafts, from the ranks the last forward gave
+    def propose(front, left):   # the graph's drafts, from the ranks the last forward gave;
         g = draft_copies(front.ranks, front.host, front.block, graph, draft_budget, rule,
                          left > 0, stops) if front.ranks else propose_nothing(front, left)
-        return cut(g) if cut else g   # (a new block's first state: no forward has seen it)
+        return cut(g) if cut else g   # none for a new block's first state (no forward saw it)
 
     extra = (lambda lg, cp, st: ranks(lg, st, rule, k, cp)) if graph else no_extra
     round_ = lossless_round(sess, rule, propose, generator, extra, walk, stats)

@@ -1,4 +1,4 @@
-"""Exact verification, shared by the lossless decoders (docs/design.md, section 4).
+"""Exact verification, shared by the lossless decoders (docs/design.md, sections 4 and 6).
 
 A proposer (SimSD's drafter, Spiffy's graph, or nothing) turns the open block into Guesses:
 copies of it in states it may reach, and after a complete copy, copies of the next block.
@@ -66,7 +66,7 @@ class Walk:
     """Where plain decoding went through the verified copies."""
     path: list        # the steps, [(the logits stepped from (packed), the new state)]
     host: list        # the last new state (where the round ends), on the host
-    ranks: list       # its rows of the walk's `extra` (spiffy.ranks), on the host
+    ranks: list       # its rows of the walk's `extra` (e.g. spiffy.ranks), on the host
     crossed: list     # where it finished a block and went on: [(steps so far, complete copy)]
     copies: list      # every copy, on the host
     visited: list     # the copies it reached, in order
@@ -85,10 +85,9 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     A host sync a step (fast.walk: one a round)."""
     each, n = logits.split(g.counts), len(g.counts)
     parent = g.parent or [-1] * n
-    first = {}                            # a complete copy -> its next block's first copy
-    for c in range(n):
-        if parent[c] >= 0 and g.counts[c] == len(g.copies[c]):
-            first.setdefault(parent[c], c)
+    # a complete copy -> its next block's first copy (reversed: the lowest index wins)
+    first = {parent[c]: c for c in reversed(range(n))
+             if parent[c] >= 0 and g.counts[c] == len(g.copies[c])}
     path, crossed, visited, i = [], [], [], 0
     while True:
         new = rule(each[i], g.copies[i], step, generator)

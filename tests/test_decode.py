@@ -181,7 +181,7 @@ def test_the_confidences_are_sdars():
     rule, x = DecodeRule(3, 4, temperature=0.7, top_k=5), torch.randn(6, 11, generator=torch.Generator().manual_seed(0))
     tokens = rule.probs(x).argmax(-1)
     assert torch.allclose(rule.confidence(x, tokens), (x / 0.7).softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
-    assert torch.equal(rule.best(x)[1], rule.best(x)[1])
+    assert torch.equal(rule.best(x)[1], rule.confidence(x, rule.best(x)[0]))
     assert torch.equal(rule.best(x)[0], rule.scaled(x, no_mask=True).argmax(-1)) and (rule.best(x)[0] != 3).all()
 
 
@@ -189,12 +189,13 @@ def test_the_confidences_are_sdars():
 def test_the_drafted_rows_probabilities_are_the_full_forwards_rows_to_the_bit(kw):
     """The drafter takes its drafted rows' distribution from every row's (speculate.draft:
     probs(logits)[take]): each row's softmax is its own, so it holds the bits of
-    probs(logits[take]), and the logits are left as they were (no_mask copies them)."""
+    probs(logits[take]), and the logits are left as they were (scaled copies them)."""
     g = torch.Generator().manual_seed(1)
     for m in (1, 3, 8, 32):
         x = torch.randn(m, 2048, generator=g) * 4
         take = torch.randperm(m, generator=g)[:max(1, m // 3)]
-        rule = DecodeRule(3, 4, **kw)
+        rule, x0 = DecodeRule(3, 4, **kw), x.clone()
         conf = rule.best(x)[1].clone()
         assert torch.equal(rule.probs(x)[take], DecodeRule(3, 4, **kw).probs(x[take]))
+        assert torch.equal(x, x0), "the rule wrote into the logits"
         assert torch.equal(rule.best(x)[1], conf) and torch.equal(rule.scaled(x, no_mask=True)[:, 3], torch.full((m,), -torch.inf))

@@ -644,6 +644,10 @@ def test_the_drafter_drafts_several_a_step_and_stops_when_unsure(tiny_model):
         d = speculate.draft(sess, front, rule, steps, 0, threshold, stop, gamma, frozenset())
         assert (sess.nfe, len(d.pos), d.tau[-1]) == (steps, drafted, last_tau), steps
         assert d.tau == sorted(d.tau) and len(set(d.pos)) == drafted
+        # reach: the product of p_draft(d_i) over the drafts so far (the odds of reaching each)
+        p = d.p_draft.gather(-1, torch.tensor(d.tokens)[:, None]).squeeze(-1).tolist()
+        assert d.reach == pytest.approx([math.prod(p[:i + 1]) for i in range(len(p))])
+        assert all(1 >= a >= b for a, b in zip(d.reach, d.reach[1:] + [0])), d.reach
 
 
 @pytest.mark.parametrize("kwargs, message", [

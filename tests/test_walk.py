@@ -109,7 +109,7 @@ def with_ranks(rule):
 
 
 def read(w):
-    """A Walk's host results as Spiffy reads them: the state, and with ranks (its ranks), the
+    """A Walk's host results as Spiffy reads them: the state, and with ranks (Walk.ranks), the
     positions by rank and the token ranks of the masked ones only (a known position's are any
     row's)."""
     state, ranked = w.host, w.ranks

@@ -45,6 +45,7 @@ from sol import GPU_MODEL, modelled_gpu_cost, speed_of_light as sol
 from speculate import check_settings
 from variants import simsd as simsd_generate
 from spiffy import DRAFT_BUDGET, spiffy_generate
+from counts import counting
 
 SIMSD = {  # name -> simsd_generate settings (the paper's: gamma = B drafts, one a forward)
     "simsd-paper": dict(verifier="temporal", acceptance="paper", draft_threshold=None, draft_stop=None),
@@ -64,7 +65,7 @@ SPECS = {"none": "threshold", "simsd": "simsd-lossless+threshold", "spiffy": "sp
 ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "position order", dict(order="position")))
 TAGS = {"both": " compiled", "drafter": " (drafter compiled)"}   # --compile both / drafter: the extra rows' names end so
 COMPILED, DRAFTER_COMPILED = TAGS.values()
-PAIRS = {"copies": ("all copies", dict(cost=None)), "commit": ("fused commit", dict(copy_commit=False))}  # --sweep
+PAIRS = {"copies": ("all copies", dict(cost=None))}  # --sweep
 
 
 def parse_method(name):
@@ -98,7 +99,7 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
         run = lambda ids, n: simsd_generate(target, drafter, ids, n, rule, generator=seeded(), walk=fast.walk, **simsd, **SIMSD[base])
     else:
         graph = graphs(rule)
-        run = lambda ids, n: spiffy_generate(target, ids, n, rule, graph, draft_budget, generator=seeded(), walk=fast.walk,
+        run = lambda ids, n: counting(spiffy_generate)(target, ids, n, rule, graph, draft_budget, generator=seeded(), walk=fast.walk,
                                              **simsd)
     blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, rows)
     run.warm = dict(target=target, drafter=drafter, max_blocks=blocks)      # cli.warm_up's
@@ -356,7 +357,7 @@ def parse_args(argv=None):
                            "low_confidence_static, one token a step)")
     simsd = cli.simsd_flags(ap, variants=False)
     simsd.add_argument("--sweep", choices=["gamma", "lookahead", "steps", *PAIRS], help="rows for gamma = 1, 2, B/2, B, "
-                       "K = 0..3, drafter steps 1, 2, 3, 4, 6, every copy verified (no cost table), or blocks finished ahead fused (not kept from their copies)")
+                       "K = 0..3, drafter steps 1, 2, 3, 4, 6, or every copy verified (no cost table)")
     simsd.add_argument("--ablate", default="", help="simsd-paper without: rope-copy, order (comma-separated)")
     cli.spiffy_flags(ap, graph=False)
     ap.add_argument_group("output").add_argument("--out", default=None, help="also save the JSON here")

@@ -24,7 +24,7 @@ from cli import check_block_size, load, make_rule
 from decode import EB_THRESHOLD, STRATEGIES, Session, check_prompt, packed_index, round_loop, stop_ids
 from prepare import problems
 from spiffy import connected_top, one_per_step, ranks
-from verify import lossless_round, propose_nothing
+from verify import Guesses, lossless_round
 
 
 @torch.no_grad()
@@ -42,7 +42,8 @@ def trajectories(model, prompt, max_new_tokens, rule, record):
             record(list(states), list(logits))
             states.clear(), logits.clear()
         return ()
-    round_ = lossless_round(sess, rule, propose_nothing, extra=step)
+    plain = lambda front, left: Guesses(front.block[None], [front.n_masked])   # noqa: E731
+    round_ = lossless_round(sess, rule, plain, extra=step)
     round_loop(round_, [sess], ids, rule, max_new_tokens, stop_ids(model.config))
 
 

@@ -220,7 +220,7 @@ def warm_buckets(model, B, max_blocks, kinds=("plain",)):
     sees = torch.ones(16, 16, dtype=torch.bool, device=device).tril()
     step, slot = torch.arange(2 * B, device=device), torch.arange(2 * B, device=device) >= B
     mask_of = dict(plain=lambda c, k: masks.block_causal(B, c),
-                   copies=lambda c, k: masks.block_copies(c, k, B),
+                   copies=lambda c, k: masks.block_copies(c, k, B, sees.diag().diag()),
                    ahead=lambda c, k: masks.block_copies(c, k, B, sees),
                    temporal=lambda c, k: masks.simsd_temporal(c, k, step, slot))
     static = "forward" in vars(model)

@@ -84,12 +84,6 @@ class DecodeRule:
             logits = logits.masked_fill(drop.scatter(-1, order, drop), -math.inf)
         return logits.softmax(-1)
 
-    def confidence(self, logits, tokens):
-        """SDAR's confidence of (n,) tokens under (n, V) logits: their probability under the
-        temperature-scaled softmax over the whole vocabulary, before top-k / top-p."""
-        scaled = self.scaled(logits)                                     # (no softmax)
-        return (scaled.gather(-1, tokens[:, None]).squeeze(-1) - scaled.logsumexp(-1)).exp()
-
     def best(self, logits):
         """(n,) each row's most likely non-mask token and its confidence (top-k and top-p
         never drop the most likely token)."""
@@ -103,14 +97,13 @@ class DecodeRule:
             return self.best(logits)
         if noise is None:   # torch.multinomial's own draw (the same tokens on a CPU)
             noise = torch.empty_like(logits, dtype=torch.float).exponential_(generator=generator)
-        tokens = (self.probs(logits) / noise).argmax(-1)
-        return tokens, self.confidence(logits, tokens)
+        tokens, scaled = (self.probs(logits) / noise).argmax(-1), self.scaled(logits)
+        return tokens, (scaled.gather(-1, tokens[:, None])[:, 0] - scaled.logsumexp(-1)).exp()
 
     def __call__(self, logits, block, step, generator=None):
         """block: (..., B), mask_id where unknown; logits: (..., B, V) at every position, or
-        packed, (M, V) at its M masked positions in order (a known one is never read); step:
-        this step's index within the block. -> the next state of the block (of every block,
-        batched), with no host sync."""
+        packed, (M, V) at its M masked positions in order; step: this step's index within the
+        block. -> the next state of the block (of every block, batched), with no host sync."""
         masked = block == self.mask_id                                  # (..., B)
         rows, packed = logits.flatten(0, -2), logits.shape[:-1] != block.shape   # (M, V)
         at = packed_index(block, self.mask_id) if packed else \
@@ -167,12 +160,12 @@ class Session:
     block waits in `pending` until the next forward carries it in as extra queries (fused
     commit), or gets a forward of its own (SDAR's): the same tokens in fp32 (tested)."""
 
-    def __init__(self, model, block_size, max_len, fuse_commit=True, copy_commit=False):
+    def __init__(self, model, block_size, max_len, fuse_commit=True):
         self.model, self.block_size, self.max_len = model, block_size, max_len
-        self.fuse_commit, self.copy_commit = fuse_commit, copy_commit
+        self.fuse_commit = fuse_commit
         model.setup_cache(max_len)
         self.device = model.embed.weight.device
-        self.committed, self.queries_at, self.pending, self.nfe = 0, 0, None, 0
+        self.committed, self.pending, self.nfe = 0, None, 0
         self.rows = Counter()   # query rows a forward -> forwards (bench.py's modelled GPU cost)
 
     def forward(self, tokens, pos, mask_for, keep, rows=None):
@@ -191,7 +184,6 @@ class Session:
         mask = mask_for(*(to_device(x, self.device) for x in (self.committed, n_commit)))
         logits = self.model(tokens[None], pos, self.committed, mask, keep=keep, rows=rows)
         self.committed, self.pending = self.committed + n_commit, None
-        self.queries_at = self.committed      # where the rows after the pending block were written
         self.nfe += 1
         self.rows[T] += 1
         return logits[0]
@@ -201,21 +193,9 @@ class Session:
             self.pending = ids
             self.flush()
 
-    def commit(self, block, copy=None):
-        """The finished `block` joins the cache. copy: the block of queries after the pending
-        rows where the last forward held it complete; with copy_commit its keys and values
-        move into place in every layer, which is exact: the copy attended to the cache and to
-        itself, at the block's own positions. Otherwise it waits as pending rows of the next
-        forward (fused commit) or gets a forward of its own (SDAR's)."""
-        if copy is not None and self.copy_commit:
-            if self.pending is not None:     # (it would land above the block before it)
-                raise RuntimeError("a block kept from its copy after a pending one")
-            B, src = self.block_size, self.queries_at + copy * self.block_size
-            if src != self.committed:   # (block-aligned rows: the same rows, or apart)
-                kv = self.model.kv          # every layer's keys and values: one copy
-                kv[..., self.committed:self.committed + B, :] = kv[..., src:src + B, :]
-            self.committed += B
-            return
+    def commit(self, block):
+        """The finished `block` joins the cache: as pending rows of the next forward (fused
+        commit), or in a forward of its own (SDAR's)."""
         self.pending = block if self.pending is None else torch.cat([self.pending, block])
         if not self.fuse_commit:
             self.flush()
@@ -238,10 +218,9 @@ def to_host(*tensors):
 def to_device(rows, device):
     """A nested list of ints -> a long tensor on `device`, without a host sync (a plain
     copy from pageable memory waits for the GPU; one from pinned memory need not)."""
-    t, device = torch.tensor(rows, dtype=torch.long), torch.device(device)
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t if device.type == "cpu" else t.to(device)
+    t = torch.tensor(rows, dtype=torch.long)
+    cuda = torch.device(device).type == "cuda"
+    return t.pin_memory().to(device, non_blocking=True) if cuda else t.to(device)
 
 
 def check_prompt(prompt, config, max_new_tokens):
@@ -285,20 +264,18 @@ class Frontier:
 
 @dataclass
 class Advance:
-    """A round's result: the blocks it completed, as (state, host list, index of its complete
-    copy in the round's verification forward or None), and the open block after."""
+    """A round's result: the blocks it completed, as (state, host list), and the open block."""
     done: list
     front: Frontier
 
 
 def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=None):
-    """The round loop every decoder shares. Prefill the prompt's whole blocks into each
-    session (its tail stays in the open block as known tokens: blocks stay on the grid), then
-    round_(front, left) -> Advance, round after round; left: the tokens max_new_tokens leaves
-    after the open block. Each completed block is committed to every session (to the first,
-    the verifier, from its copy where it has one), and here decoding stops: at a `stops` id,
-    at max_new_tokens, or when on_block(new ids) returns True. prompt: a host list. -> (new ids
-    without the stop id, stats: stop, tokens, seconds (from the prefill), syncs, nfe, rows)."""
+    """The round loop every decoder shares. Prefill the prompt's whole blocks (its tail stays
+    in the open block as known tokens), then round_(front, left) -> Advance, round after round
+    (left: the tokens max_new_tokens leaves after the open block); commit each completed block
+    to every session, and stop at a `stops` id, at max_new_tokens, or when on_block(new ids)
+    returns True. -> (new ids without the stop id, stats: stop, tokens, seconds, syncs, nfe,
+    rows)."""
     B, mask_id, device = rule.block_size, rule.mask_id, sessions[0].device
     t0, syncs, n_prefix = time.perf_counter(), SYNCS["host"], len(prompt) // B * B
 
@@ -317,10 +294,10 @@ def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=N
         front.context = seen
         adv = round_(front, max_new_tokens - len(out) - (B - known))
         front = adv.front
-        done = adv.done + ([(front.block, front.host, None)] if not front.n_masked else [])
-        for block, host, copy in done:
-            for i, s in enumerate(sessions):
-                s.commit(block, copy if i == 0 else None)
+        done = adv.done + ([(front.block, front.host)] if not front.n_masked else [])
+        for block, host in done:
+            for s in sessions:
+                s.commit(block)
             new, known, seen = host[known:], 0, seen + host
             end = next((i for i, t in enumerate(new) if t in stops), len(new))
             out += new[:end]
@@ -337,10 +314,9 @@ def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=N
 def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_id=None,
              generator=None, on_block=None):
     """Plain block-diffusion decoding (SDAR's block_diffusion_generate): a round is one
-    forward and one step of the rule (default: the model's block size, one token a step,
-    greedy). fuse_commit: the commit rides on the next block's first forward (False: SDAR's
-    commit forward). eos_id: the stop id(s) (default: stop_ids). on_block(new ids): called as
-    each block ends; True stops. -> round_loop's (new ids, stats)."""
+    forward and one step of the rule (default: one token a step, greedy). fuse_commit: False
+    for SDAR's commit forward; eos_id: the stop id(s) (default: stop_ids); on_block(new ids):
+    called as each block ends, True stops. -> round_loop's (new ids, stats)."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     ids, B = check_prompt(prompt, c, max_new_tokens), rule.block_size

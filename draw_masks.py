@@ -42,7 +42,7 @@ def examples(B=4):
          simsd_temporal(C, 0, step[:2 * B - 1], is_slot[:2 * B - 1]), 2 * B - 1, C + 2 * B - 1, sec,
          [("cache", C), ("data", B), ("slots", B - 1)]),
         ("Block copies (Spiffy, lossless SimSD): [X_t ; copy 1 ; copy 2], each sees the cache "
-         "and itself", block_copies(C, 0, B), 3 * B, C + 3 * B,
+         "and itself", block_copies(C, 0, B, torch.eye(3).bool()), 3 * B, C + 3 * B,
          [f"{c}{i}" for c in ("X", "a", "b") for i in range(B)],
          [("cache", C), ("X_t", B), ("copy 1", B), ("copy 2", B)]),
         ("Across the boundary: copy 1 completes the block, copy 2 is the next block after it "

@@ -45,22 +45,19 @@ def simsd_temporal(prefix, n_commit, step, is_slot):
     return simsd_temporal_mask
 
 
-def block_copies(prefix, n_commit, block_size, sees=None):
+def block_copies(prefix, n_commit, block_size, sees):
     """The exact verification mask (Spiffy, SimSD's lossless path): queries are [finished
     blocks (n_commit rows) ; copy_0 ; ... ; copy_n], each copy a state of a block. A copy sees
-    the cache, the finished blocks, itself and the copies `sees` names (sees[q, k], a bool
-    tensor at least n x n, default the identity: copy q sees copy k, its earlier block). The
-    finished blocks are block-causal. So each copy gets the target's logits in that state."""
+    the cache, the finished blocks, and the copies `sees` names (sees[q, k], a bool tensor at
+    least n x n: itself, and the copies of the blocks it continues). The finished blocks are
+    block-causal. So each copy gets the target's logits in that state."""
     shared = torch.as_tensor(prefix + n_commit)
     prefix, n_commit = torch.as_tensor(prefix), torch.as_tensor(n_commit)
 
     def block_copies_mask(b, h, q_idx, kv_idx):
         qc, kc = (q_idx - n_commit) // block_size, (kv_idx - shared) // block_size
-        if sees is None:
-            related = qc == kc
-        else:                                         # clamp: flex pads indices past the end
-            last = sees.shape[0] - 1
-            related = sees[qc.clamp(0, last), kc.clamp(0, last)]
+        last = sees.shape[0] - 1                      # clamp: flex pads indices past the end
+        related = sees[qc.clamp(0, last), kc.clamp(0, last)]
         finished = (kv_idx < prefix) | ((kv_idx - prefix) // block_size <= q_idx // block_size)
         return torch.where(q_idx < n_commit, (kv_idx < shared) & finished,   # block-causal
                            (kv_idx < shared) | ((kv_idx >= shared) & related))

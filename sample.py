@@ -26,6 +26,7 @@ from decode import check_prompt, generate
 from variants import simsd
 from calibrate import graph_path, load_graph
 from spiffy import spiffy_generate
+from counts import counting
 
 DEFAULT_PROMPT = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. "
                   "How much does Max have now?\nAnswer:")
@@ -63,8 +64,8 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
                       cut=fast.cutter(cost, rows, rule.block_size))
     else:
         g = load_graph(graph or graph_path(target, rule), rule)
-        run = lambda ids, n, rule=rule, **kw: spiffy_generate(model, ids, n, rule, graph=g, walk=fast.walk,
-                                                              cut=fast.cutter(cost, rows, rule.block_size), **kw)
+        run = lambda ids, n, rule=rule, **kw: counting(spiffy_generate)(
+            model, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size), **kw)
     cli.compile_models(model, drf, compile)
     plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
     return model, tok, rule, run, None if plain else cost_note, dict(
@@ -78,7 +79,9 @@ def summary(spec, stats, rule, load_s, cost_note=None):
          f"tokens/forward), ended by {'a stop id' if stats['stop'] == 'stop_id' else stats['stop']}")
     if spec == "simsd":
         ref = f"drafter NFE {stats['nfe_draft']}" if stats["reference"] == "drafter" else f"{stats['reference']}"
-        s += f", reference {ref}, mean accepted {stats['mean_accepted']:.2f}"
+        hist = stats["accept_hist"]
+        mean = sum(k * v for k, v in hist.items()) / max(sum(hist.values()), 1)
+        s += f", reference {ref}, mean accepted {mean:.2f}"
     if spec == "spiffy":
         s += f", steps per forward {stats['steps_per_forward']}"
     return s + (f", copies sized by {cost_note}" if cost_note else "")

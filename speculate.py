@@ -14,7 +14,6 @@ variants.py: the drafter-free references and the ablations; fast.py: the speed d
 
     python sample.py --spec simsd                  # on the embedded models
 """
-from collections import Counter
 from itertools import accumulate
 from dataclasses import dataclass
 
@@ -23,11 +22,10 @@ import torch
 import mask as masks
 from decode import (Advance, DecodeRule, Frontier, Session, check_prompt, round_loop, stop_ids,
                     to_device, to_host)
-from verify import Guesses, counted, lossless_round, no_extra, verify_copies, walk
+from verify import Guesses, lossless_round, no_extra, verify_copies, walk
 
 DRAFT_THRESHOLD, DRAFT_STOP = 0.5, 0.3   # measured on the embedded pair (docs/results.md)
-DRAFT_STEPS, LOOKAHEAD = {4: 3}, 3   # drafter forwards a round by B (else 1); blocks past the
-                                     # open one a round may draft (docs/results.md: measured)
+DRAFT_STEPS, LOOKAHEAD = {4: 3}, 3   # drafter forwards a round by B (else 1); blocks drafted ahead
 
 
 @dataclass
@@ -153,9 +151,8 @@ def accept_temporal(logits, front, d, rule, generator=None):
     ok = agree(p_target[:n], d, rule, generator)
     k = torch.cat([~ok, ok.new_ones(1)]).int().argmax()              # drafts accepted
     if n:
-        i = torch.arange(n, device=block.device)
+        i, tokens = torch.arange(n, device=block.device), to_device(d.tokens, block.device)
         fix = correct(p_target[:n], d.p_draft, rule, generator)
-        tokens = to_device(d.tokens, block.device)
         block[to_device(d.pos, block.device)] = torch.where(i < k, tokens, torch.where(
             i == k, fix, rule.mask_id))
     if len(logits) > n:                                             # the bonus, if all accepted
@@ -170,7 +167,7 @@ def undrafted(front, d, mask_id):
     return [i for i, t in enumerate(front.host) if t == mask_id and i not in d.pos]
 
 
-def temporal_round(sess, propose, rule, rope_copy, order, generator, stats, extra):
+def temporal_round(sess, propose, rule, rope_copy, order, generator, counts, extra):
     """A round of the paper's own path: propose(front, 0) -> a Draft of the open block;
     verify_temporal; accept_temporal. order="position": the paper's ablation, the drafts
     revealed left to right, one a step. extra: verify.walk's, on the slots' logits."""
@@ -186,14 +183,14 @@ def temporal_round(sess, propose, rule, rope_copy, order, generator, stats, extr
         by_position = to_device(sorted(range(len(slots)), key=slots.__getitem__), block.device)
         more = extra(logits[by_position], front.block[None], block[None])
         host, k, *ranks = to_host(block, k, *more)
-        stats["accepted", k] += 1
-        stats["end", "every draft accepted" if k == len(d.pos) else "draft rejected"] += 1
+        if counts is not None:
+            counts.ended(k, "every draft accepted" if k == len(d.pos) else "draft rejected")
         return Advance([], Frontier(block, front.pos, host.count(rule.mask_id), host,
                                     front.step + 1, tuple(h[0] for h in ranks)))
     return round_
 
 
-def copies_round(sess, propose, rule, ahead, stops, generator, stats, extra, walk, cut, accept):
+def copies_round(sess, propose, rule, ahead, stops, generator, counts, extra, walk, cut, accept):
     """A round of the lossless path: propose(front, ahead) -> a Draft; its states as block
     copies (drafted_states), cut(guesses) -> those verified (None: all), in ONE forward, the
     rule walked through them. accept: an ablation's acceptance instead of the walk."""
@@ -206,25 +203,25 @@ def copies_round(sess, propose, rule, ahead, stops, generator, stats, extra, wal
     if accept is not None:                   # (every drafted state verified: no cut)
         def round_(front, left):
             d, g = guesses(front, left)
-            return accept(verify_copies(sess, g, front.pos), g, d, front, rule, generator, stats)
+            return accept(verify_copies(sess, g, front.pos), g, d, front, rule, generator, counts)
         return round_
     return lossless_round(sess, rule, lambda front, left: (cut or (lambda g: g))(
-        guesses(front, left)[1]), generator, extra, walk, stats)
+        guesses(front, left)[1]), generator, extra, walk, counts)
 
 
 @torch.no_grad()
 def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifier="copies",
                    draft_steps=None, draft_threshold=DRAFT_THRESHOLD,
                    draft_stop=DRAFT_STOP, gamma=None, lookahead=None, rope_copy=True, order="tau",
-                   fuse_commit=True, copy_commit=True, eos_id=None, generator=None,
-                   on_block=None, walk=walk, cut=None, propose=None, extra=no_extra,
-                   accept=None):
+                   fuse_commit=True, eos_id=None, generator=None, on_block=None, counts=None,
+                   walk=walk, cut=None, propose=None, extra=no_extra, accept=None):
     """SimSD decoding; decode.generate's arguments and output, plus: drafter, a Transformer of
     the target's vocabulary; verifier: "copies" (lossless) or "temporal" (the paper's);
     draft_steps, draft_threshold, draft_stop, gamma: `draft`'s; lookahead: blocks past the
-    open one a round may draft (copies only); rope_copy, order: the temporal path's ablations.
-    Speed devices (fast.py): walk, cut. Variants (variants.py): propose(front, ahead) -> Draft
-    instead of the drafter, extra (verify.walk's), accept (on copies)."""
+    open one a round may draft (copies only); rope_copy, order: the temporal path's ablations;
+    counts: a counts.Counts each round reports to. Speed devices (fast.py): walk, cut.
+    Variants (variants.py): propose(front, ahead) -> Draft instead of the drafter, extra
+    (verify.walk's), accept (on copies)."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     B, temporal = rule.block_size, verifier == "temporal"
@@ -234,25 +231,21 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
         draft_steps = DRAFT_STEPS.get(B, 1) if draft_threshold else gamma
     check_settings(verifier, lookahead, gamma, draft_steps, draft_threshold, draft_stop, rope_copy,
                    order)
-    ids, stops, stats = check_prompt(prompt, c, max_new_tokens), stop_ids(c, eos_id), Counter()
+    ids, stops = check_prompt(prompt, c, max_new_tokens), stop_ids(c, eos_id)
     longest = len(ids) + max_new_tokens
-    sessions = [Session(target, B, longest + (gamma + lookahead + 5) * B, fuse_commit, copy_commit)]
+    sessions = [Session(target, B, longest + (gamma + lookahead + 5) * B, fuse_commit)]
     if propose is None:
         sessions.append(Session(drafter, B, longest + (lookahead + 4) * B, fuse_commit))
         stream = generator and torch.Generator(generator.device).manual_seed(   # its own stream
             generator.initial_seed() + 1)
         propose = lambda front, ahead: draft(sessions[1], front, rule, draft_steps, ahead,  # noqa
                                              draft_threshold, draft_stop, gamma, stops, stream)
-    round_ = temporal_round(sessions[0], propose, rule, rope_copy, order, generator, stats,
+    round_ = temporal_round(sessions[0], propose, rule, rope_copy, order, generator, counts,
                             extra) if temporal else copies_round(
-        sessions[0], propose, rule, lookahead, stops, generator, stats, extra, walk, cut, accept)
+        sessions[0], propose, rule, lookahead, stops, generator, counts, extra, walk, cut, accept)
     out, run = round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block)
-    hist, dsess = counted(stats, "accepted"), sessions[1:]
-    return out, dict(run, lookahead=lookahead, nfe_draft=sum(s.nfe for s in dsess),
-                     rows_draft=dict(dsess[0].rows) if dsess else {}, rounds=sum(hist.values()),
-                     accept_hist=hist, round_ends=counted(stats, "end"),
-                     mean_accepted=sum(k * v for k, v in hist.items()) / max(sum(hist.values()), 1),
-                     steps_per_forward=counted(stats, "steps"), blocks_ahead=stats["blocks_ahead"])
+    return out, dict(run, lookahead=lookahead, nfe_draft=sum(s.nfe for s in sessions[1:]),
+                     rows_draft=dict(sessions[1].rows) if sessions[1:] else {})
 
 
 def check_settings(verifier, lookahead, gamma, steps, threshold, stop, rope_copy, order):

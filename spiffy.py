@@ -14,11 +14,10 @@ block's future states, built from the target's own last distribution.
     python sample.py --spec spiffy
 """
 import math
-from collections import Counter
 
 import torch
 from decode import DecodeRule, Session, check_prompt, packed_index, round_loop, stop_ids, to_device
-from verify import Guesses, counted, lossless_round, no_extra, propose_nothing, walk
+from verify import Guesses, lossless_round, no_extra, walk
 
 DRAFT_BUDGET = 8   # D*: the most draft-graph nodes verified a forward
 
@@ -109,29 +108,27 @@ def draft_copies(ranked, state, block, graph, budget, rule, cross, stops):
 @torch.no_grad()
 def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
                     draft_budget=DRAFT_BUDGET, fuse_commit=True, eos_id=None, generator=None,
-                    on_block=None, copy_commit=True, walk=walk, cut=None):
+                    on_block=None, counts=None, walk=walk, cut=None):
     """Spiffy decoding; decode.generate's arguments and output, plus graph: a calibrated graph
     (calibrate.load_graph; None: plain decoding); draft_budget: D*, the most copies a forward
-    verifies besides the open block's own state; copy_commit: see decode.Session.commit. The
-    speed devices (fast.py): walk, and cut(guesses) -> the copies verified (None: all)."""
+    verifies besides the open block's own state; counts: a counts.Counts each round reports
+    to. The speed devices (fast.py): walk, and cut(guesses) -> the copies verified (None: all)."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     if draft_budget < 1:
         raise ValueError(f"draft budget D* must be >= 1, got {draft_budget}")
-    ids, B, stops, stats = check_prompt(prompt, c, max_new_tokens), rule.block_size, \
-        stop_ids(c, eos_id), Counter()
-    sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 4) * B, fuse_commit,
-                   copy_commit)
+    ids, B, stops = check_prompt(prompt, c, max_new_tokens), rule.block_size, stop_ids(c, eos_id)
+    sess = Session(model, B, len(ids) + max_new_tokens + (draft_budget + 4) * B, fuse_commit)
     k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0) if graph else 0  # ranks'
 
-    def propose(front, left):   # the graph's drafts, from the ranks the last forward gave;
+    def propose(front, left):   # the graph's drafts, from the ranks the last forward gave
+        if not front.ranks:         # (none for a new block's first state: no forward saw it)
+            return Guesses(front.block[None], [front.n_masked])
         g = draft_copies(front.ranks, front.host, front.block, graph, draft_budget, rule,
-                         left > 0, stops) if front.ranks else propose_nothing(front, left)
-        return cut(g) if cut else g   # none for a new block's first state (no forward saw it)
+                         left > 0, stops)
+        return cut(g) if cut else g
 
     extra = (lambda lg, cp, st: ranks(lg, st, rule, k, cp)) if graph else no_extra
-    round_ = lossless_round(sess, rule, propose, generator, extra, walk, stats)
+    round_ = lossless_round(sess, rule, propose, generator, extra, walk, counts)
     out, run = round_loop(round_, [sess], ids, rule, max_new_tokens, stops, on_block)
-    return out, dict(run, tokens_per_s=len(out) / run["seconds"], lookahead=1,
-                     steps_per_forward=counted(stats, "steps"),
-                     nodes_per_forward=counted(stats, "copies"), blocks_ahead=stats["blocks_ahead"])
+    return out, dict(run, tokens_per_s=len(out) / run["seconds"], lookahead=1)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from decode import (Advance, DecodeRule, Frontier, packed_index, stop_ids,
                     to_device, to_host)
+from counts import counting
 from speculate import Draft, agree, correct, simsd_generate
 from fast import first_true
 from verify import no_extra
@@ -115,8 +116,8 @@ def best_token_ranks(rule):
 def on_copies(accept_rule, gate=GATE):
     """An acceptance ablation as simsd_generate's `accept`: accept_rule ("paper" or "gated") on
     the logits of the drafter's states as block copies (every drafted state verified). ->
-    accept(logits, guesses, draft, front, rule, generator, stats) -> decode.Advance."""
-    def accept(logits, g, d, front, rule, generator, stats):
+    accept(logits, guesses, draft, front, rule, generator, counts) -> decode.Advance."""
+    def accept(logits, g, d, front, rule, generator, counts):
         drafted_in = [g.drafted.index(k + 1) - 1 for k in range(len(d.pos))]   # copy before draft k
         at = [p % g.copies.shape[1] for p in d.pos]                             # and its position
         p_target = rule.probs(logits[packed_index(g.copies, rule.mask_id)[
@@ -138,11 +139,11 @@ def on_copies(accept_rule, gate=GATE):
                 block = rule(logits.split(g.counts)[c], g.copies[c], at, generator)
                 steps += 1
         copies, host = to_host(g.copies, block)
-        stats["accepted", k] += 1
-        stats["end", why] += 1
+        if counts is not None:
+            counts.ended(k, why)
         step = steps if crossed else front.step + steps
         pos = front.pos + rule.block_size * len(crossed)
-        return Advance([(g.copies[j], copies[j], j) for j in crossed], Frontier(
+        return Advance([(g.copies[j], copies[j]) for j in crossed], Frontier(
             block, pos, host.count(rule.mask_id), host, step))
     return accept
 
@@ -170,7 +171,8 @@ def simsd(target, drafter, prompt, max_new_tokens=64, rule=None, acceptance="los
           reference="drafter", lookup_n=LOOKUP_N, gate=GATE, **kw):
     """speculate.simsd_generate with the command lines' names: acceptance ("lossless", or on
     copies "paper" or "gated"; the temporal verifier's is always the paper's), reference
-    ("drafter", "trajectory", or "lookup" up to lookup_n-grams: no drafter)."""
+    ("drafter", "trajectory", or "lookup" up to lookup_n-grams: no drafter); its rounds counted
+    (counts.py)."""
     temporal = kw.get("verifier") == "temporal"
     check(temporal, acceptance, reference, lookup_n, gate)
     check_drafter(reference, drafter, target.config)
@@ -188,7 +190,7 @@ def simsd(target, drafter, prompt, max_new_tokens=64, rule=None, acceptance="los
         kw["propose"] = lambda front, ahead: one_hot_draft(source(front, ahead), vocab, device)
     if acceptance in ("paper", "gated") and not temporal:
         kw["accept"] = on_copies(acceptance, gate)
-    out, stats = simsd_generate(target, drafter, prompt, max_new_tokens, rule, **kw)
+    out, stats = counting(simsd_generate)(target, drafter, prompt, max_new_tokens, rule, **kw)
     return out, dict(stats, reference=reference)
 
 

@@ -1,12 +1,11 @@
 """Exact verification, shared by the lossless decoders (docs/design.md, sections 4 and 6).
 
-A proposer (SimSD's drafter, Spiffy's graph, or nothing) turns the open block into Guesses:
-copies of it in states it may reach, and after a complete copy, copies of the next block.
-verify_copies puts them in ONE forward, each attending to the cache, itself and the copies of
-the blocks before it (mask.block_copies): its logits are exactly the target's in that state.
-walk applies the rule and, while the new state is a verified copy, goes on from that copy's
-logits: plain decoding's steps and random draws, so its output, token for token in fp32
-(tested; in bf16 another shape rounds differently: bench.py reports an agreement rate).
+A proposer (SimSD's drafter, Spiffy's graph) turns the open block into Guesses: copies of it
+in states it may reach, and after a complete copy, copies of the next block. verify_copies puts
+them in ONE forward, each seeing the cache, itself and the copies of the blocks before it
+(mask.block_copies), so its logits are the target's in that state. walk applies the rule and,
+while the new state is a verified copy, goes on from that copy's logits: plain decoding's
+steps and draws, so its output, token for token in fp32 (in bf16 shapes round differently).
 """
 from dataclasses import dataclass
 
@@ -27,20 +26,13 @@ class Guesses:
     drafted: list = None   # drafts each copy holds (SimSD's: its drafts accepted)
 
 
-def propose_nothing(front, left):
-    """Plain decoding as a proposer: the open block's own state, no guess."""
-    return Guesses(front.block[None], [front.n_masked])
-
-
 def verify_copies(sess, g, pos):
     """ONE target forward over the copies of g at the open block's positions `pos` (B,).
     -> (sum(counts), V) logits at the masked positions, copy by copy (decode.packed_rows)."""
     n, B = g.copies.shape
-    positions, sees = pos.repeat(n), None
-    if g.parent is not None:        # a copy of a later block sits B positions on per block
-        depth, sees = lineage(g.parent)
-        positions = (pos + B * to_device(depth, pos.device)[:, None]).flatten()
-        sees = to_device(sees, pos.device).bool()
+    depth, sees = lineage(g.parent or [-1] * n)   # a later block's copy sits B positions on
+    positions = (pos + B * to_device(depth, pos.device)[:, None]).flatten()
+    sees = to_device(sees, pos.device).bool()
     rows = packed_rows(g.copies, sess.model.config.mask_token_id, sum(g.counts))
     mask = (lambda c, k: masks.block_causal(B, c)) if n == 1 else \
         (lambda c, k: masks.block_copies(c, k, B, sees))      # (one copy: plain decoding's mask)
@@ -72,17 +64,14 @@ class Walk:
     visited: list     # the copies it reached, in order
 
 
-def no_extra(logits, copies, states):
-    """walk's default `extra`: nothing besides the new state."""
-    return ()
+no_extra = lambda logits, copies, states: ()   # noqa: E731  walk's default: nothing more
 
 
 def walk(logits, g, step, rule, generator=None, extra=no_extra):
     """Plain decoding through the verified copies of g, from copies[0] at step index `step`:
-    a new state with a mask left goes on from the copy of its block in that state, a complete
-    one from the next block's first copy. extra(packed logits of (m, B) copies, their (m, B)
-    new states) -> m-row tensors brought back with the walk (Walk.ranks: the last state's).
-    A host sync a step (fast.walk: one a round)."""
+    a new state with a mask left goes on from its copy, a complete one from the next block's
+    first copy. extra(packed logits of (m, B) copies, their (m, B) new states) -> m-row tensors
+    brought back (Walk.ranks: the last state's). A host sync a step (fast.walk: one a round)."""
     each, n = logits.split(g.counts), len(g.counts)
     parent = g.parent or [-1] * n
     # a complete copy -> its next block's first copy (reversed: the lowest index wins)
@@ -105,38 +94,18 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
             i, step = first[same[0]], 0
 
 
-def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=walk, stats=None):
+def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=walk, counts=None):
     """A round of the lossless decoders (decode.round_loop's round_): propose(front, left) ->
-    Guesses; ONE forward of sess verifies them; the rule walks through them (`walk`: this
-    module's, or fast.walk). stats: a Counter the round counts itself into (tally)."""
+    Guesses, verified in ONE forward of sess, walked through (`walk`: this module's, or
+    fast.walk); counts: a counts.Counts the round reports to."""
     def round_(front, left):
         g = propose(front, left)
         w = walk(verify_copies(sess, g, front.pos), g, front.step, rule, generator, extra)
-        if stats is not None:
-            tally(stats, g, w)
-        done = [(g.copies[j], w.copies[j], j) for _, j in w.crossed]
+        if counts is not None:
+            counts.lossless(g, w)
+        done = [(g.copies[j], w.copies[j]) for _, j in w.crossed]
         step = len(w.path) - w.crossed[-1][0] if w.crossed else front.step + len(w.path)
         pos = front.pos + rule.block_size * len(w.crossed)
         n_masked = w.host.count(rule.mask_id)
         return Advance(done, Frontier(w.path[-1][1], pos, n_masked, w.host, step, tuple(w.ranks)))
     return round_
-
-
-def tally(stats, g, w):
-    """A round's counts: steps walked, copies verified, blocks finished ahead; with g.drafted,
-    drafts accepted (the most any state the walk reached holds) and why the round ended."""
-    stats["steps", len(w.path)] += 1
-    stats["copies", len(g.counts) - 1] += 1
-    stats["blocks_ahead"] += len(w.crossed)
-    if g.drafted is not None:
-        depth = lineage(g.parent)[0] if g.parent else [0] * len(g.counts)
-        ended = [c for c, s in enumerate(w.copies) if s == w.host and depth[c] == len(w.crossed)]
-        k, most = max(g.drafted[c] for c in [0, *w.visited, *ended]), max(g.drafted)
-        stats["accepted", k] += 1
-        stats["end", "nothing drafted" if not most else "every draft accepted" if k == most
-              else "target chose otherwise"] += 1
-
-
-def counted(stats, kind):
-    """{n: rounds} of the Counter's (kind, n) entries."""
-    return dict(sorted((k[1], v) for k, v in stats.items() if type(k) is tuple and k[0] == kind))

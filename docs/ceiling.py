@@ -21,6 +21,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]
 import cli  # noqa: E402
 from prepare import problems  # noqa: E402
 from speculate import simsd_generate  # noqa: E402
+from counts import counting  # noqa: E402
 from calibrate import graph_path, load_graph  # noqa: E402
 from spiffy import spiffy_generate  # noqa: E402
 
@@ -33,7 +34,7 @@ for B in (4, 8, 32):
     graph = load_graph(graph_path(cli.DEFAULT_TARGET, rule), rule)
     tokens = forwards = blocks = ahead = 0
     for ids in prompts:
-        out, st = spiffy_generate(target, ids, 64, rule, graph)
+        out, st = counting(spiffy_generate)(target, ids, 64, rule, graph)
         tokens, forwards, ahead = tokens + st["tokens"], forwards + st["nfe"], ahead + st["blocks_ahead"]
         blocks += -(-(len(ids) % B + st["tokens"] + (st["stop"] == "stop_id")) // B)   # the stop id's too
     prefill = sum(len(ids) >= B for ids in prompts)
@@ -43,7 +44,7 @@ for B in (4, 8, 32):
     for K in (0, 1, 2):
         tokens, forwards, ends = 0, 0, Counter()
         for ids in prompts:
-            out, st = simsd_generate(target, drafter, ids, 64, rule, lookahead=K)
+            out, st = counting(simsd_generate)(target, drafter, ids, 64, rule, lookahead=K)
             tokens, forwards = tokens + st["tokens"], forwards + st["nfe"]
             ends.update(st["round_ends"])
         print(f"B={B:2d} simsd lookahead {K}: {tokens / forwards:.2f} tokens a target forward; "

@@ -5,14 +5,23 @@ loop was redesigned (a block loop with queues of blocks decoded ahead); the rede
 to change no token and no forward. Each run draws its settings from a seeded stream: method
 (plain, SimSD lossless / paper / gated on block copies, SimSD on the temporal mask, Spiffy),
 B, strategy, greedy or seeded sampling, lookahead 0-3, prompt length (on and off the block
-grid), max_new_tokens (ending inside a block or not), a stop id (a token plain decoding writes) or none, fused or separate
-commits, kept or recomputed finished blocks; every copy verified (no cost model). Tiny random
+grid), max_new_tokens (ending inside a block or not), a stop id (a token plain decoding writes)
+or none, fused or separate commits; every copy verified (no cost model). Tiny random
 models: a target and a drafter that mostly agrees with it (tests/test_lookahead.py's pair).
 
 Re-recorded 2026-12-05 for the drafter on the device (a fixed number of drafter forwards a
 round, 3 at B = 4 and 1 above; at the threshold rule only the states drafter steps end in
 verified): plain and Spiffy runs kept every token and count; the 16 lossless SimSD runs kept
 every token (target forwards 154 -> 160, drafter forwards 300 -> 235).
+
+Re-recorded 2026-12-05, evening, when blocks finished ahead stopped being kept from their
+copies (the fused commit, as plain decoding's): all 96 runs kept every token; the 20 runs that
+kept a block changed their query rows only, and 2 of them, with separate commits, took the
+commit forward a kept block saved (simsd-gated 7 -> 8 target forwards, Spiffy 79 -> 81).
+
+Re-recorded again that evening when the round histograms moved to counts.py (every decoder
+now reports all five): no recorded token or count changed; Spiffy gained empty accept_hist and
+round_ends, SimSD nodes_per_forward.
 
 A change that moves counts on purpose rewrites the fixture, and says so:
     python tests/test_counts_fixed.py --write
@@ -31,7 +40,8 @@ from decode import DecodeRule, generate  # noqa: E402
 from checkpoint import PRESETS  # noqa: E402
 from variants import simsd as simsd_generate  # noqa: E402
 from calibrate import calibrate
-from spiffy import spiffy_generate  # noqa: E402
+from spiffy import spiffy_generate as spiffy_core  # noqa: E402
+from counts import counting  # noqa: E402
 from test_lookahead import RULES, pair, tokens  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decoding_counts.json"
@@ -50,7 +60,7 @@ def settings(k):
     return dict(method=method, B=B, rule=rule, temperature=r.choice((0.0, 0.0, 1.0)),
                 lookahead=r.randint(0, 3) if method.startswith("simsd-") and method != "simsd-temporal" else 0,
                 prompt=tokens(r.randint(1, 2 * B + 3), 100 + k), max_new=r.randint(2, 5 * B),
-                stop=r.choice((None, r.randint(0, 40))), fuse=r.random() < 0.8, keep=r.random() < 0.7)
+                stop=r.choice((None, r.randint(0, 40))), fuse=r.random() < 0.8)
 
 
 GRAPHS = {}
@@ -76,13 +86,13 @@ def run(s):
             torch.manual_seed(0)  # from the global stream there
             GRAPHS[key] = calibrate(make_model(n_layer=2, block_size=B, seed=0), [tokens(5, 1), tokens(
                 B + 2, 2), tokens(2 * B, 3)], DecodeRule(MASK_ID, B, **RULES[s["rule"]]), 16)
-        out, st = spiffy_generate(target, s["prompt"], s["max_new"], rule, GRAPHS[key], copy_commit=s["keep"], **kw)
+        out, st = counting(spiffy_core)(target, s["prompt"], s["max_new"], rule, GRAPHS[key], **kw)
     else:
         accept = method[6:]
         verifier = "temporal" if accept == "temporal" else "copies"
         out, st = simsd_generate(target, drafter, s["prompt"], s["max_new"], rule, verifier=verifier,
                                  acceptance="paper" if verifier == "temporal" else accept,
-                                 lookahead=s["lookahead"], copy_commit=s["keep"], **kw)
+                                 lookahead=s["lookahead"], **kw)
     counts = {k: st[k] for k in KEYS if k in st}
     return out, json.loads(json.dumps(counts))    # (int keys of dicts as JSON has them)
 

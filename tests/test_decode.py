@@ -117,7 +117,8 @@ def test_top_confidence_is_the_confidence_of_the_most_likely_token():
     rule = DecodeRule(MASK, 4, temperature=0.7, top_k=3, top_p=0.9)
     logits = torch.randn(12, V, generator=torch.Generator().manual_seed(0)) * 3
     logits[0, MASK] = 50.0                                           # the mask never counts as best
-    expected = rule.confidence(logits, rule.probs(logits).argmax(-1))
+    tokens = rule.probs(logits).argmax(-1)
+    expected = (logits / 0.7).softmax(-1).gather(-1, tokens[:, None])[:, 0]
     torch.testing.assert_close(rule.best(logits)[1], expected)
 
 
@@ -125,14 +126,18 @@ def test_top_confidence_is_the_confidence_of_the_most_likely_token():
 def test_a_greedy_pick_is_the_argmax_of_probs_without_its_softmax(kw):
     """Greedy, pick reads the most likely non-mask token off the logits (no softmax): the
     argmax of the distribution it would draw from, ties to the lowest id, and the same
-    confidence bits as scoring that token."""
+    confidence bits as a draw of that token scores."""
     rule = DecodeRule(MASK, 4, **kw)
     logits = torch.randn(40, V, generator=torch.Generator().manual_seed(1)) * 4
     logits[0, MASK] = 50.0                                           # the mask is never picked
     logits[1, 2] = logits[1, 4] = logits[1].max() + 1                # a tie: the lower id
     tokens, confidence = rule.pick(logits)
     assert torch.equal(tokens, rule.probs(logits).argmax(-1)) and tokens[1] == 2
-    assert torch.equal(confidence, rule.confidence(logits, tokens))
+    peaked = logits.clone()
+    peaked[torch.arange(len(tokens)), tokens] += 1e4            # a draw can only take the best token
+    drawn, scored = DecodeRule(MASK, 4, temperature=1.0, **kw).pick(peaked, torch.Generator())
+    assert torch.equal(drawn, tokens) and torch.equal(scored, rule.pick(peaked)[1])
+    torch.testing.assert_close(confidence, logits.softmax(-1).gather(-1, tokens[:, None])[:, 0])
 
 
 def test_decoding_ends_at_the_first_of_several_stop_ids_or_when_on_block_says_so(tiny_model):
@@ -179,9 +184,10 @@ def test_the_confidences_are_sdars():
     """Confidence: a token's probability under the temperature-scaled softmax over the whole
     vocabulary (mask token included); best's is its most likely non-mask token's."""
     rule, x = DecodeRule(3, 4, temperature=0.7, top_k=5), torch.randn(6, 11, generator=torch.Generator().manual_seed(0))
-    tokens = rule.probs(x).argmax(-1)
-    assert torch.allclose(rule.confidence(x, tokens), (x / 0.7).softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
-    assert torch.equal(rule.best(x)[1], rule.confidence(x, rule.best(x)[0]))
+    tokens, confidence = rule.pick(x, torch.Generator().manual_seed(0))
+    assert torch.allclose(confidence, (x / 0.7).softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
+    best = (x / 0.7).softmax(-1).gather(-1, rule.best(x)[0][:, None]).squeeze(-1)
+    assert torch.allclose(rule.best(x)[1], best)
     assert torch.equal(rule.best(x)[0], rule.scaled(x, no_mask=True).argmax(-1)) and (rule.best(x)[0] != 3).all()
 
 

@@ -18,11 +18,15 @@ from conftest import make_model
 from decode import DecodeRule, generate
 from model import Transformer
 from checkpoint import PRESETS
-from speculate import simsd_generate
+import speculate
 from calibrate import calibrate
-from spiffy import spiffy_generate
+import spiffy
+from counts import counting
 from test_lookahead import pair
 from test_syncs import SyncCounter
+
+simsd_generate = counting(speculate.simsd_generate)     # with their rounds counted
+spiffy_generate = counting(spiffy.spiffy_generate)
 
 MASK_ID, NO_EOS = PRESETS["tiny"]["mask_token_id"], -1
 RULES = {"static": dict(), "threshold": dict(strategy="low_confidence_dynamic", threshold=0.6),

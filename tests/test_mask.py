@@ -150,7 +150,7 @@ def cases():
             out.append((f"simsd_temporal-q{q_len}-p{prefix}-c{n_commit}", mod, ref,
                         q_len, prefix + q_len))
         for prefix, n_commit, block_size in ((0, 0, 4), (40, 0, 8), (0, 4, 4), (133, 8, 8)):
-            mod = mask.block_copies(prefix, n_commit, block_size)
+            mod = mask.block_copies(prefix, n_commit, block_size, torch.eye(q_len).bool())
             ref = ref_block_copies(prefix, n_commit, block_size, q_len)
             out.append((f"block_copies-B{block_size}-q{q_len}-p{prefix}-c{n_commit}", mod, ref,
                         q_len, prefix + q_len))

@@ -22,7 +22,9 @@ from conftest import make_model
 from decode import DecodeRule, generate
 from checkpoint import PRESETS
 from calibrate import calibrate
-from spiffy import spiffy_generate
+from counts import counting
+
+spiffy_generate = counting(spiffy.spiffy_generate)   # with its rounds counted (counts.py)
 
 aten = torch.ops.aten
 MASK_ID, B, NO_EOS = PRESETS["tiny"]["mask_token_id"], 8, -1
@@ -128,7 +130,7 @@ def test_simsd_syncs_once_a_draft_and_once_a_walk(monkeypatch):
     for p in prompts():
         syncs.count = 0
         with syncs:
-            stats = speculate.simsd_generate(target, drafter, p, 24, rule, eos_id=NO_EOS,
+            stats = counting(speculate.simsd_generate)(target, drafter, p, 24, rule, eos_id=NO_EOS,
                                              walk=fast.walk, draft_steps=3)[1]
         decoding = stats["nfe"] - int(len(p) >= B)
         assert syncs.count == stats["syncs"] == 2 * decoding

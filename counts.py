@@ -1,0 +1,54 @@
+"""What a run's rounds did, counted beside its tokens: the histograms bench.py, sample.py and
+the tests read. A decoder given a Counts (counts=) reports each round to it; the decoders keep
+no statistics of their own beyond their forwards (decode.round_loop's stats).
+
+    out, stats = counting(spiffy_generate)(model, prompt, graph=graph)   # + the histograms
+"""
+from collections import Counter
+
+from verify import lineage
+
+
+class Counts:
+    """Rounds counted by kind: ("steps", n) walked, ("copies", n) verified, ("accepted", k)
+    drafts, ("end", why) the round ended, and "blocks_ahead" finished past the open one."""
+
+    def __init__(self):
+        self.n = Counter()
+
+    def lossless(self, g, w):
+        """A round of verify.lossless_round: Guesses g, Walk w. With g.drafted (SimSD's), the
+        drafts accepted (the most any state the walk reached holds) and why the round ended."""
+        self.n["steps", len(w.path)] += 1
+        self.n["copies", len(g.counts) - 1] += 1
+        self.n["blocks_ahead"] += len(w.crossed)
+        if g.drafted is not None:
+            depth = lineage(g.parent or [-1] * len(g.counts))[0]
+            ended = [c for c, s in enumerate(w.copies) if s == w.host and depth[c] == len(w.crossed)]
+            k, most = max(g.drafted[c] for c in [0, *w.visited, *ended]), max(g.drafted)
+            self.ended(k, "nothing drafted" if not most else "every draft accepted" if k == most
+                       else "target chose otherwise")
+
+    def ended(self, accepted, why):
+        """A round that accepted `accepted` drafts and ended for reason `why`."""
+        self.n["accepted", accepted] += 1
+        self.n["end", why] += 1
+
+    def hist(self, kind):
+        """{n: rounds} of the (kind, n) entries."""
+        return dict(sorted((k[1], v) for k, v in self.n.items() if type(k) is tuple and k[0] == kind))
+
+    def summary(self):
+        return dict(accept_hist=self.hist("accepted"), round_ends=self.hist("end"),
+                    steps_per_forward=self.hist("steps"), nodes_per_forward=self.hist("copies"),
+                    blocks_ahead=self.n["blocks_ahead"])
+
+
+def counting(decoder):
+    """decoder (spiffy.spiffy_generate, speculate.simsd_generate) with its rounds counted: the
+    same call and output, its stats with the Counts' summary added."""
+    def run(*args, **kw):
+        counts = Counts()
+        out, stats = decoder(*args, counts=counts, **kw)
+        return out, {**stats, **counts.summary()}
+    return run

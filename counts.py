@@ -1,6 +1,7 @@
 """What a run's rounds did, counted beside its tokens: the histograms bench.py, sample.py and
 the tests read. A decoder given a Counts (counts=) reports each round to it; the decoders keep
-no statistics of their own beyond their forwards (decode.round_loop's stats).
+no statistics of their own beyond their forwards (decode.round_loop's stats). The acceptance
+ablations on copies (variants.on_copies) report drafts accepted and round ends only.
 
     out, stats = counting(spiffy_generate)(model, prompt, graph=graph)   # + the histograms
 """

@@ -109,8 +109,7 @@ class DecodeRule:
         at = packed_index(block, self.mask_id) if packed else \
             torch.arange(block.numel(), device=block.device).view(block.shape)  # (..., B): its row
         noise = None
-        if self.temperature:   # Exp(1) draws for every position, packed rows taking theirs: the
-            # same tokens as from every position's logits, for the same generator
+        if self.temperature:   # Exp(1) draws for every position (packed rows take theirs)
             noise = torch.empty(block.numel(), rows.shape[-1], device=rows.device).exponential_(
                 generator=generator)
             noise = noise[packed_rows(block, self.mask_id, len(rows))] if packed else noise
@@ -165,7 +164,7 @@ class Session:
         self.fuse_commit = fuse_commit
         model.setup_cache(max_len)
         self.device = model.embed.weight.device
-        self.committed, self.pending, self.nfe = 0, None, 0
+        self.committed, self.queries_at, self.pending, self.nfe = 0, 0, None, 0
         self.rows = Counter()   # query rows a forward -> forwards (bench.py's modelled GPU cost)
 
     def forward(self, tokens, pos, mask_for, keep, rows=None):
@@ -184,6 +183,7 @@ class Session:
         mask = mask_for(*(to_device(x, self.device) for x in (self.committed, n_commit)))
         logits = self.model(tokens[None], pos, self.committed, mask, keep=keep, rows=rows)
         self.committed, self.pending = self.committed + n_commit, None
+        self.queries_at = self.committed      # where the rows after the pending block were written
         self.nfe += 1
         self.rows[T] += 1
         return logits[0]
@@ -193,9 +193,15 @@ class Session:
             self.pending = ids
             self.flush()
 
-    def commit(self, block):
-        """The finished `block` joins the cache: as pending rows of the next forward (fused
-        commit), or in a forward of its own (SDAR's)."""
+    def commit(self, block, copy=None):
+        """The finished `block` joins the cache: from `copy`, the last forward's block of queries
+        that held it complete, whose keys and values are exactly its own; else as pending rows
+        of the next forward (fused commit), or in a forward of its own (SDAR's)."""
+        if copy is not None and self.pending is None:
+            B, kv, src = self.block_size, self.model.kv, self.queries_at + copy * self.block_size
+            kv[..., self.committed:self.committed + B, :] = kv[..., src:src + B, :]
+            self.committed += B
+            return
         self.pending = block if self.pending is None else torch.cat([self.pending, block])
         if not self.fuse_commit:
             self.flush()
@@ -264,7 +270,8 @@ class Frontier:
 
 @dataclass
 class Advance:
-    """A round's result: the blocks it completed, as (state, host list), and the open block."""
+    """A round's result: the blocks it completed, as (state, host list, index of its complete
+    copy in the round's verification forward or None), and the open block after."""
     done: list
     front: Frontier
 
@@ -273,9 +280,8 @@ def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=N
     """The round loop every decoder shares. Prefill the prompt's whole blocks (its tail stays
     in the open block as known tokens), then round_(front, left) -> Advance, round after round
     (left: the tokens max_new_tokens leaves after the open block); commit each completed block
-    to every session, and stop at a `stops` id, at max_new_tokens, or when on_block(new ids)
-    returns True. -> (new ids without the stop id, stats: stop, tokens, seconds, syncs, nfe,
-    rows)."""
+    to every session; stop at a `stops` id, at max_new_tokens, or when on_block(new ids) says
+    so. -> (new ids without the stop id, stats: stop, tokens, seconds, syncs, nfe, rows)."""
     B, mask_id, device = rule.block_size, rule.mask_id, sessions[0].device
     t0, syncs, n_prefix = time.perf_counter(), SYNCS["host"], len(prompt) // B * B
 
@@ -294,10 +300,10 @@ def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=N
         front.context = seen
         adv = round_(front, max_new_tokens - len(out) - (B - known))
         front = adv.front
-        done = adv.done + ([(front.block, front.host)] if not front.n_masked else [])
-        for block, host in done:
-            for s in sessions:
-                s.commit(block)
+        done = adv.done + ([(front.block, front.host, None)] if not front.n_masked else [])
+        for block, host, copy in done:      # the verifier keeps a block from its copy
+            for i, s in enumerate(sessions):
+                s.commit(block, copy if i == 0 else None)
             new, known, seen = host[known:], 0, seen + host
             end = next((i for i, t in enumerate(new) if t in stops), len(new))
             out += new[:end]

@@ -66,8 +66,7 @@ class KVCache(nn.Module):
 
     def update(self, start, k, v):
         """Write k, v (b, n_kv, T, hd) at rows [start, start + T); -> the keys and values to
-        attend to: rows [0, start + T), or the whole cache when start is a device tensor
-        (static shapes: the mask hides the rows past start + T)."""
+        attend to: rows [0, start + T), or all when start is a device tensor (static shapes)."""
         if torch.is_tensor(start):
             rows = start + torch.arange(k.shape[2], device=k.device)
             self.k.index_copy_(2, rows, k)
@@ -169,11 +168,10 @@ class Transformer(nn.Module):
             layer.attn.cache = KVCache(k.detach(), v.detach())
 
     def forward(self, idx, pos=None, start=None, mask=None, keep=None, rows=None):
-        """idx: (b, T) token ids. pos: (b, T) or (T,) RoPE positions (default start + arange).
-        start: None for a cache-free forward, else the cache row the queries are written to.
-        mask: a mask_mod, BlockMask or dense bool mask over keys [0, start + T); default
-        block-causal. keep: compute logits for the last `keep` rows only; rows: (M,) indices
-        into those: for these only. -> (b, keep or M, vocab)"""
+        """idx: (b, T) token ids; pos: (b, T) or (T,) RoPE positions (default start + arange);
+        start: None (no cache), else the cache row the queries are written to; mask: a mask_mod,
+        BlockMask or dense bool mask over keys [0, start + T) (default block-causal); keep: logits
+        for the last `keep` rows, or for rows (M,) of those only. -> (b, keep or M, V)"""
         if torch.is_tensor(start):
             raise TypeError("forward takes start as an int (static shapes: decode.Session)")
         T, off = idx.shape[1], start or 0

@@ -40,11 +40,10 @@ class Draft:
 
 def draft(sess, front, rule, steps, ahead, threshold, stop, gamma, stops, generator=None):
     """The drafter's decoding of the open block and `ahead` blocks past it: `steps` forwards
-    over the whole window, each revealing, in the first block with a mask left, its most
-    confident position and every other above `threshold` (where it drafts never depends on
-    the draw: the proposal there is exactly p_draft). It stops for good once the best
-    confidence left is below `stop`, after `gamma` drafts, or after a block holding a `stops`
-    id. Every decision stays on the device; -> Draft, read back with ONE host sync."""
+    over the window, each revealing, in the first block with a mask left, its most confident
+    position and every other above `threshold` (where it drafts never depends on the draw: the
+    proposal there is exactly p_draft); it stops once the best confidence left is below `stop`,
+    after `gamma` drafts, or past a block holding a `stops` id. -> Draft, ONE host sync."""
     B, mask_id, W = rule.block_size, rule.mask_id, (1 + ahead) * rule.block_size
     window = torch.cat([front.block, front.block.new_full((ahead * B,), mask_id)])
     pos = front.pos[0] + torch.arange(W, device=window.device)
@@ -219,9 +218,8 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
     the target's vocabulary; verifier: "copies" (lossless) or "temporal" (the paper's);
     draft_steps, draft_threshold, draft_stop, gamma: `draft`'s; lookahead: blocks past the
     open one a round may draft (copies only); rope_copy, order: the temporal path's ablations;
-    counts: a counts.Counts each round reports to. Speed devices (fast.py): walk, cut.
-    Variants (variants.py): propose(front, ahead) -> Draft instead of the drafter, extra
-    (verify.walk's), accept (on copies)."""
+    counts: a counts.Counts. Speed devices (fast.py): walk, cut. Variants (variants.py):
+    propose(front, ahead) -> Draft instead of the drafter, extra (walk's), accept (on copies)."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     B, temporal = rule.block_size, verifier == "temporal"

@@ -143,7 +143,7 @@ def on_copies(accept_rule, gate=GATE):
             counts.ended(k, why)
         step = steps if crossed else front.step + steps
         pos = front.pos + rule.block_size * len(crossed)
-        return Advance([(g.copies[j], copies[j]) for j in crossed], Frontier(
+        return Advance([(g.copies[j], copies[j], j) for j in crossed], Frontier(
             block, pos, host.count(rule.mask_id), host, step))
     return accept
 

@@ -20,8 +20,7 @@ class Guesses:
     """A round's copies, as verify_copies and walk take them."""
     copies: torch.Tensor   # (n, B) block states; copies[0] is the open block itself
     counts: list           # each copy's number of masked positions (host ints)
-    parent: list = None    # None: all states of the open block; else -1 for those, or the
-                           # index of the COMPLETE copy of the block before copy i's block
+    parent: list = None    # None: all of the open block; else -1, or the complete copy before
     reach: list = None     # the proposer's guess that the walk reaches each copy (fast.sized)
     drafted: list = None   # drafts each copy holds (SimSD's: its drafts accepted)
 
@@ -30,13 +29,14 @@ def verify_copies(sess, g, pos):
     """ONE target forward over the copies of g at the open block's positions `pos` (B,).
     -> (sum(counts), V) logits at the masked positions, copy by copy (decode.packed_rows)."""
     n, B = g.copies.shape
+    rows = packed_rows(g.copies, sess.model.config.mask_token_id, sum(g.counts))
+    if n == 1:                                              # one copy: plain decoding's forward
+        return sess.forward(g.copies[0], pos, lambda c, k: masks.block_causal(B, c), B, rows)
     depth, sees = lineage(g.parent or [-1] * n)   # a later block's copy sits B positions on
     positions = (pos + B * to_device(depth, pos.device)[:, None]).flatten()
     sees = to_device(sees, pos.device).bool()
-    rows = packed_rows(g.copies, sess.model.config.mask_token_id, sum(g.counts))
-    mask = (lambda c, k: masks.block_causal(B, c)) if n == 1 else \
-        (lambda c, k: masks.block_copies(c, k, B, sees))      # (one copy: plain decoding's mask)
-    return sess.forward(g.copies.flatten(), positions, mask, keep=n * B, rows=rows)
+    return sess.forward(g.copies.flatten(), positions, lambda c, k: masks.block_copies(
+        c, k, B, sees), keep=n * B, rows=rows)
 
 
 def lineage(parent, at_least=16):
@@ -103,7 +103,7 @@ def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=wal
         w = walk(verify_copies(sess, g, front.pos), g, front.step, rule, generator, extra)
         if counts is not None:
             counts.lossless(g, w)
-        done = [(g.copies[j], w.copies[j]) for _, j in w.crossed]
+        done = [(g.copies[j], w.copies[j], j) for _, j in w.crossed]
         step = len(w.path) - w.crossed[-1][0] if w.crossed else front.step + len(w.path)
         pos = front.pos + rule.block_size * len(w.crossed)
         n_masked = w.host.count(rule.mask_id)

@@ -14,14 +14,11 @@ round, 3 at B = 4 and 1 above; at the threshold rule only the states drafter ste
 verified): plain and Spiffy runs kept every token and count; the 16 lossless SimSD runs kept
 every token (target forwards 154 -> 160, drafter forwards 300 -> 235).
 
-Re-recorded 2026-12-05, evening, when blocks finished ahead stopped being kept from their
-copies (the fused commit, as plain decoding's): all 96 runs kept every token; the 20 runs that
-kept a block changed their query rows only, and 2 of them, with separate commits, took the
-commit forward a kept block saved (simsd-gated 7 -> 8 target forwards, Spiffy 79 -> 81).
-
-Re-recorded again that evening when the round histograms moved to counts.py (every decoder
-now reports all five): no recorded token or count changed; Spiffy gained empty accept_hist and
-round_ends, SimSD nodes_per_forward.
+Re-recorded 2026-12-05, evening: the round histograms moved to counts.py (each run now has all
+five: Spiffy gained empty accept_hist and round_ends, SimSD nodes_per_forward), and
+a block finished ahead is always kept from its copy (the setting that chose it is gone). Every
+token of the 96 runs stayed; the 62 runs that kept blocks kept every count; the others kept
+their forwards and lost the fused rows of their kept blocks.
 
 A change that moves counts on purpose rewrites the fixture, and says so:
     python tests/test_counts_fixed.py --write

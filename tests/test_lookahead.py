@@ -8,8 +8,9 @@
   drafted) give what they give without lookahead, in fewer target forwards.
 - Spiffy's copies of the next block after a draft that finishes the block: plain decoding's
   tokens with a stop id inside a block it went on into.
-- The KV cache after cross-block commits holds plain decoding's keys and values, with fused
-  or separate commits; the drafter's tentative commits are rolled back.
+- The KV cache after cross-block commits (blocks kept from their copies) holds plain
+  decoding's keys and values, with fused or separate commits; the drafter's tentative commits
+  are rolled back.
 
 Run: python -m pytest tests/test_lookahead.py -q
 """

@@ -141,7 +141,7 @@ def summarize(stats, outs, tasks, tok, wall):
     """One method's prompts -> its row's figures (counts exact, wall time as measured)."""
     total = lambda key: sum((Counter(s.get(key, {})) for s in stats), Counter())
     tokens, nfe = sum(s["tokens"] for s in stats), sum(s["nfe"] for s in stats)
-    hist = total("accept_hist") + total("steps_per_forward")     # SimSD's or Spiffy's
+    hist = total("accept_hist") or total("steps_per_forward")    # SimSD's drafts, or Spiffy's steps
     rows, rows_draft = total("rows"), total("rows_draft")        # query rows a forward -> forwards
     syncs = sum(s["syncs"] for s in stats)
     correct = sum(extract_answer(tok.decode(o)) == a for o, (_, a) in zip(outs, tasks) if a is not None)

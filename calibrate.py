@@ -1,9 +1,8 @@
-"""Calibrate Spiffy's draft graphs, the offline step before spiffy.py decodes (docs/design.md,
-section 4): plain decoding on a few prompts (trajectories), the reveal sets that followed each
-state counted relative to the distribution the drafts would have been built from, the
-connected subgraph of the D most frequent kept (calibrate), as a small JSON file next to the
-target's weights, one per block size and decoding rule, that load_graph reads (bench.py
-calibrates a missing one in memory: graphs_for).
+"""Spiffy's draft graphs as files, the offline step before spiffy.py decodes (docs/design.md,
+section 4): spiffy.calibrate on a set of prompts (plain decoding's trajectories, the reveal
+sets that followed each state, the connected subgraph of the D most frequent), written as a
+small JSON file next to the target's weights, one per block size and decoding rule, that
+load_graph reads (bench.py calibrates a missing one in memory: graphs_for).
 
     python calibrate.py                     # models/target/spiffy_graph_b{4,8,32}_{static,t0.9}.json
     python calibrate.py --strategy sequential --block-size 8   # another SDAR strategy
@@ -13,75 +12,15 @@ calibrates a missing one in memory: graphs_for).
 import argparse
 import json
 import time
-from collections import Counter
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 import util
 from cli import check_block_size, load, make_rule
-from decode import EB_THRESHOLD, STRATEGIES, Session, check_prompt, packed_index, round_loop, stop_ids
+from decode import EB_THRESHOLD, STRATEGIES
 from prepare import problems
-from spiffy import connected_top, one_per_step, ranks
-from verify import Guesses, lossless_round
-
-
-@torch.no_grad()
-def trajectories(model, prompt, max_new_tokens, rule, record):
-    """Plain decoding of `prompt`, calling record(states, logits) as each block ends: its
-    states, and the (B, V) logits each step read (the walk's extra sees every step)."""
-    ids, B = check_prompt(prompt, model.config, max_new_tokens), rule.block_size
-    sess, states, logits = Session(model, B, len(ids) + max_new_tokens + 3 * B), [], []
-
-    def step(lg, copies, new):
-        states[:] = states or [copies[0]]
-        logits.append(lg[packed_index(copies[0], rule.mask_id)])
-        states.append(new[0])
-        if rule.mask_id not in new[0]:
-            record(list(states), list(logits))
-            states.clear(), logits.clear()
-        return ()
-    plain = lambda front, left: Guesses(front.block[None], [front.n_masked])   # noqa: E731
-    round_ = lossless_round(sess, rule, plain, extra=step)
-    round_loop(round_, [sess], ids, rule, max_new_tokens, stop_ids(model.config))
-
-
-def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
-    """Count the reveal sets that followed each state in plain decoding, relative to the
-    distribution the drafts would have been built from (the previous state's), and keep
-    the connected subgraph of the `budget` most frequent."""
-    counts = Counter()
-
-    def record(states, logits):
-        # drafts for state t are built from logits[t - 1] (the previous state's forward)
-        for t in range(1, len(states) - 1):
-            ranked = ranks(logits[t - 1], states[t], rule)
-            for d in range(1, min(max_depth, len(states) - 1 - t) + 1):
-                counts[reveal_pairs(ranked, states[t], states[t + d], rule.mask_id)] += 1
-
-    for p in prompts:
-        trajectories(model, p, max_new_tokens, rule, record)
-    nodes = connected_top(list(counts), counts, budget, one_per_step(rule))
-    return dict(graph_rule(rule), nodes=nodes, counts=[counts[n] for n in nodes])
-
-
-def reveal_pairs(ranked, state, later, mask_id):
-    """The (position rank, token rank) pairs that turn `state` into `later`, given the
-    state's `ranks` (calibration only: it syncs freely)."""
-    order, tok_order, _ = ranked
-    m = int((state == mask_id).sum())
-    return tuple((i, int((tok_order[i] == later[p]).nonzero()[0]))
-                 for i, p in enumerate(order[:m].tolist()) if later[p] != mask_id)
-
-
-def graph_rule(rule):
-    r = dict(block_size=rule.block_size, strategy=rule.strategy, steps=rule.steps)
-    if rule.strategy == "low_confidence_dynamic":
-        r["threshold"] = rule.threshold
-    if rule.strategy == "entropy_bounded":
-        r["eb_threshold"] = rule.eb_threshold
-    return r
+from spiffy import calibrate, graph_rule
 
 
 def load_graph(path, rule):

@@ -5,7 +5,8 @@ block's future states, built from the target's own last distribution.
   - A draft node is a set of reveals (i, j): "the position ranked i by confidence gets its
     j-th most likely token" (ranks). Node A is a parent of B if B reveals one step more and
     A's reveals are a subset of B's. The graph: the connected subgraph of the D reveal sets
-    most often seen following a state in plain decoding (calibrate.py, offline).
+    most often seen following a state in plain decoding (calibrate, offline; calibrate.py
+    writes the graphs next to the target's weights).
   - A round: the graph's nodes on the current state, from the last forward's ranks; the D*
     best kept (build_drafts); all verified in ONE forward of block copies and the rule walked
     through them (verify.py): plain decoding's output, token for token. After a draft that
@@ -14,6 +15,7 @@ block's future states, built from the target's own last distribution.
     python sample.py --spec spiffy
 """
 import math
+from collections import Counter
 
 import torch
 from decode import DecodeRule, Session, check_prompt, packed_index, round_loop, stop_ids, to_device
@@ -132,3 +134,62 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
     round_ = lossless_round(sess, rule, propose, generator, extra, walk, counts)
     out, run = round_loop(round_, [sess], ids, rule, max_new_tokens, stops, on_block)
     return out, dict(run, tokens_per_s=len(out) / run["seconds"], lookahead=1)
+
+
+# Calibration: the offline step that makes a graph (calibrate.py writes them next to the weights)
+
+@torch.no_grad()
+def trajectories(model, prompt, max_new_tokens, rule, record):
+    """Plain decoding of `prompt`, calling record(states, logits) as each block ends: its
+    states, and the (B, V) logits each step read (the walk's extra sees every step)."""
+    ids, B = check_prompt(prompt, model.config, max_new_tokens), rule.block_size
+    sess, states, logits = Session(model, B, len(ids) + max_new_tokens + 3 * B), [], []
+
+    def step(lg, copies, new):
+        states[:] = states or [copies[0]]
+        logits.append(lg[packed_index(copies[0], rule.mask_id)])
+        states.append(new[0])
+        if rule.mask_id not in new[0]:
+            record(list(states), list(logits))
+            states.clear(), logits.clear()
+        return ()
+    plain = lambda front, left: Guesses(front.block[None], [front.n_masked])   # noqa: E731
+    round_ = lossless_round(sess, rule, plain, extra=step)
+    round_loop(round_, [sess], ids, rule, max_new_tokens, stop_ids(model.config))
+
+
+def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
+    """Count the reveal sets that followed each state in plain decoding, relative to the
+    distribution the drafts would have been built from (the previous state's), and keep
+    the connected subgraph of the `budget` most frequent."""
+    counts = Counter()
+
+    def record(states, logits):
+        # drafts for state t are built from logits[t - 1] (the previous state's forward)
+        for t in range(1, len(states) - 1):
+            ranked = ranks(logits[t - 1], states[t], rule)
+            for d in range(1, min(max_depth, len(states) - 1 - t) + 1):
+                counts[reveal_pairs(ranked, states[t], states[t + d], rule.mask_id)] += 1
+
+    for p in prompts:
+        trajectories(model, p, max_new_tokens, rule, record)
+    nodes = connected_top(list(counts), counts, budget, one_per_step(rule))
+    return dict(graph_rule(rule), nodes=nodes, counts=[counts[n] for n in nodes])
+
+
+def reveal_pairs(ranked, state, later, mask_id):
+    """The (position rank, token rank) pairs that turn `state` into `later`, given the
+    state's `ranks` (calibration only: it syncs freely)."""
+    order, tok_order, _ = ranked
+    m = int((state == mask_id).sum())
+    return tuple((i, int((tok_order[i] == later[p]).nonzero()[0]))
+                 for i, p in enumerate(order[:m].tolist()) if later[p] != mask_id)
+
+
+def graph_rule(rule):
+    r = dict(block_size=rule.block_size, strategy=rule.strategy, steps=rule.steps)
+    if rule.strategy == "low_confidence_dynamic":
+        r["threshold"] = rule.threshold
+    if rule.strategy == "entropy_bounded":
+        r["eb_threshold"] = rule.eb_threshold
+    return r

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 import fast
-import calibrate as calibration
 import spiffy
 from conftest import make_model
 from decode import DecodeRule, generate, to_host
@@ -324,11 +323,11 @@ def drafts_for(last, state, graph, budget, rule):
 
 
 def trajectory(model, rule, prompt):
-    """Plain decoding's states and logits for the first block (calibrate.trajectories' `record`
+    """Plain decoding's states and logits for the first block (spiffy.trajectories' `record`
     hook, what calibration reads)."""
     seen = []
-    with torch.no_grad():                 # (as calibrate.calibrate calls it)
-        calibration.trajectories(model, prompt, rule.block_size, rule, lambda states, logits: seen.append((states, logits)))
+    with torch.no_grad():                 # (as spiffy.calibrate calls it)
+        spiffy.trajectories(model, prompt, rule.block_size, rule, lambda states, logits: seen.append((states, logits)))
     assert seen and len(seen[0][0]) == len(seen[0][1]) + 1       # the block's states, one logits a step
     return seen[0]
 

@@ -151,12 +151,13 @@ def padded(mask_mod, prefix, n_real, n_pad):
     sees a padding one."""
     q = torch.arange(n_pad, device=prefix.device)[:, None]
     k = q.T
-    table = (mask_mod(0, 0, q, prefix + k) & (k < n_real)) | ((q >= n_real) & (q == k))
+    inside = (mask_mod(0, 0, q, prefix + k) & (k < n_real)) | ((q >= n_real) & (q == k))
+    # one lookup, no `&` or `|` on it (inductor's CPU code for create_block_mask fails on
+    # those, torch 2.13): column 0 is the cache (seen), 1 + k query k, the last past them all
+    table = torch.cat([inside.new_ones(n_pad, 1), inside, inside.new_zeros(n_pad, 1)], 1)
 
-    def padded_mask(b, h, q_idx, kv_idx):
-        rel = kv_idx - prefix                         # clamp: flex pads indices past the end
-        inside = table[q_idx.clamp(0, n_pad - 1), rel.clamp(0, n_pad - 1)] & (rel < n_pad)
-        return (rel < 0) | inside
+    def padded_mask(b, h, q_idx, kv_idx):             # clamp: flex pads indices past the end
+        return table[q_idx.clamp(0, n_pad - 1), (kv_idx - prefix).clamp(-1, n_pad) + 1]
     return padded_mask
 
 
@@ -165,8 +166,14 @@ def compile_dynamic(model, **options):
     (block-causal, copies, temporal) and model, not a length. The head runs eager, as with
     static shapes."""
     compiled = many_graphs(torch.compile(model.trunk, dynamic=True, **options))
-    # its inputs copied: a view's base is guarded on (another shape, another graph)
-    model.trunk = lambda idx, pos, start, mask: compiled(idx.clone(), pos.clone(), start, mask)
+
+    def trunk(idx, pos, start, mask):
+        for cell in getattr(mask, "__closure__", None) or ():   # the mask's tables: static sizes
+            if torch.is_tensor(cell.cell_contents) and cell.cell_contents.dim():
+                torch._dynamo.mark_static(cell.cell_contents)
+        # its inputs copied: a view's base is guarded on (another shape, another graph)
+        return compiled(idx.clone(), pos.clone(), start, mask)
+    model.trunk = trunk
 
 
 def is_compiled(model):

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The GPU check in one command, its phases boxed in 450 s together (a rerun fits a 15-minute
-# lease): the CUDA tests, the bench on the embedded pair in bf16 (the main methods eager and
+# lease). First, where compiled decoding parts from eager, forward by forward
+# (tools/lockstep.py: every compile configuration in turn, the embedded pair in fp32, stale
+# cache rows filled with garbage), so that a wrong compiled path is named in the first minutes;
+# then the CUDA tests, the bench on the embedded pair in bf16 (the main methods eager and
 # compiled, static shapes and CUDA graphs, in one interleaved run; its JSON written a block
 # size at a time), the speed-of-light figures of an SDAR-8B-shaped model (eager; compiled: its
 # B = 4 forward), where a round's time goes (docs/round_costs.py), then a summary of the files.
 # Each phase has a time box, so a slow compile costs its own figures only; recompiles and
-# skipped CUDA graphs are logged (TORCH_LOGS). Figures go to stdout and, as JSON, to ${OUT:-.}.
+# skipped CUDA graphs are logged (TORCH_LOGS). Figures go to stdout and, as files, to
+# ${OUT:-gpu_out} (git ignores it).
 #
 #   bash gpu_check.sh              # on a GPU
 #   bash gpu_check.sh --dry-run    # the same phases in the same order on the CPU, in seconds:
@@ -21,7 +25,7 @@ dry=0
 for arg in "$@"; do
     case $arg in
         --dry-run) dry=1 ;;
-        -h|--help) sed -n '2,15s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,19s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) die "unknown flag $arg (gpu_check.sh takes only --dry-run)" ;;
     esac
 done
@@ -31,21 +35,21 @@ command -v "$py" >/dev/null || die "no Python interpreter '$py' (set PYTHON)"
 command -v timeout >/dev/null || die "no 'timeout' command (coreutils)"
 "$py" -c "import torch, sentencepiece, safetensors, tqdm, pytest, xdist" 2>/dev/null \
     || die "$py cannot import torch, sentencepiece, safetensors, tqdm, pytest and xdist: run the README's set-up"
-out=${OUT:-.}
+out=${OUT:-gpu_out}
 mkdir -p "$out" 2>/dev/null && [ -w "$out" ] || die "cannot write to OUT=$out"
 
 if [ $dry = 1 ]; then   # the flow, flags and parsing, not the figures: no GPU, no compiler
     export TORCH_COMPILE_DISABLE=1
     dev=(--device cpu --dtype float32) sol=tiny boxed=0 bench=(--prompts 1 --max-new-tokens 8) sizes=4 costs=1
-    tests=()
+    tests=() lockstep=(--configs eager-flex)   # flex itself needs torch.compile (not disabled)
 else
     "$py" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
         || die "torch $("$py" -c 'import torch; print(torch.__version__)') sees no GPU (on a CPU: --dry-run)"
-    dev=(--device cuda --dtype bfloat16) sol=sdar-8b boxed=1 bench=(--prompts 8) sizes=4,32 costs=8 tests=()
+    dev=(--device cuda --dtype bfloat16) sol=sdar-8b boxed=1 bench=(--prompts 8) sizes=4,32 costs=8 tests=() lockstep=(--budget 100)
     export TORCH_LOGS=${TORCH_LOGS-recompiles,perf_hints}   # perf_hints: why a CUDA graph was skipped
 fi
 methods=threshold,simsd-lossless+threshold,spiffy+threshold
-BOXES=(tests:100 bench:180 sol-eager:30 sol-compiled:90 round-costs:40 summary:10)   # seconds, 450 at most
+BOXES=(lockstep:150 tests:60 bench:130 sol-eager:20 sol-compiled:45 round-costs:35 summary:10)   # seconds, 450 at most
 total=0
 for box in "${BOXES[@]}"; do total=$(( total + ${box#*:} )); done
 [ $total -le 450 ] || die "the phases' time boxes add up to $total s, over 450"
@@ -64,6 +68,7 @@ phase() {   # phase NAME SECONDS LOG COMMAND...: COMMAND in its time box (PHASE_
 }
 
 "$py" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
+phase lockstep "$(box lockstep)" "$out/gpu_lockstep.txt" env -u TORCH_COMPILE_DISABLE "$py" -u tools/lockstep.py "${lockstep[@]}"
 phase tests "$(box tests)" - "$py" -m pytest -q -x -n 0 -p no:cacheprovider tests/test_cuda.py "${tests[@]}"
 phase bench "$(box bench)" - "$py" bench.py "${dev[@]}" --compile both --block-size $sizes "${bench[@]}" \
     --methods $methods --out "$out/gpu_bench.json"

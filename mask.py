@@ -3,8 +3,8 @@
 A mask_mod (b, h, q_idx, kv_idx) -> bool is True where the query may attend to the key. The
 same closure drives flex_attention (block_mask) and SDPA (dense_mask): one source of truth,
 and a dense reference for the tests (python draw_masks.py draws them). Closures capture
-tensors, never changing Python ints, which torch.compile would take as constants and
-recompile for. Keys are [cache ; queries]: query q_idx sits at key `prefix + q_idx`.
+tensors, never ints (compiled, an int is a constant or a symbol that inductor's CPU flex code
+mangles: docs/results.md). Keys are [cache ; queries]: query q_idx is key `prefix + q_idx`.
 SDAR: block_causal; SimSD: simsd_temporal (docs/design.md, 3); Spiffy: block_copies (4).
 """
 import torch
@@ -15,6 +15,7 @@ def block_causal(block_size, prefix=0):
     """SDAR's block-causal rule: a token sees its own block and every earlier block; `prefix`
     (the cache length, on the block grid) shifts the queries."""
     prefix = torch.as_tensor(prefix)
+    block_size = torch.full_like(prefix, block_size)   # a tensor (the module's docstring)
 
     def block_causal_mask(b, h, q_idx, kv_idx):
         return (q_idx + prefix) // block_size >= kv_idx // block_size
@@ -51,8 +52,8 @@ def block_copies(prefix, n_commit, block_size, sees):
     the cache, the finished blocks, and the copies `sees` names (sees[q, k], a bool tensor at
     least n x n: itself, and the copies of the blocks it continues). The finished blocks are
     block-causal. So each copy gets the target's logits in that state."""
-    shared = torch.as_tensor(prefix + n_commit)
     prefix, n_commit = torch.as_tensor(prefix), torch.as_tensor(n_commit)
+    shared, block_size = prefix + n_commit, torch.full_like(prefix, block_size)
 
     def block_copies_mask(b, h, q_idx, kv_idx):
         qc, kc = (q_idx - n_commit) // block_size, (kv_idx - shared) // block_size

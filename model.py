@@ -107,9 +107,8 @@ class Attention(nn.Module):
 
 
 def flex_kernel_options(rows, group):
-    """FlexAttention's kernel options for `rows` query rows, `group` query heads per KV head:
-    under 128 rows inductor picks flex decoding, whose tile of next_pow2(rows x group) rows fails
-    to compile past 128 (torch 2.13; 64 rows of SDAR-8B, 4 heads a KV head): the main kernel."""
+    """Under 128 query rows inductor picks flex decoding, whose tile of next_pow2(rows x group)
+    rows (group: query heads a KV head) fails to compile past 128 (torch 2.13): the main kernel."""
     return {"FORCE_USE_FLEX_ATTENTION": True} if rows < 128 and rows * group > 128 else None
 
 

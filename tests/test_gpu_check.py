@@ -10,7 +10,7 @@ import sys
 
 from conftest import ROOT
 
-PHASES = ["tests", "bench", "sol-eager", "sol-compiled", "round-costs", "summary"]
+PHASES = ["lockstep", "tests", "bench", "sol-eager", "sol-compiled", "round-costs", "summary"]
 
 
 def gpu_check(*flags, **env):
@@ -33,6 +33,9 @@ def test_the_dry_run_goes_through_every_phase_and_summarises_its_files(tmp_path)
     assert summary.count("lossless ok: True") == 1
     assert summary.count("--spec spiffy ") == 1                                  # round costs
     assert summary.count("decode forward B= 4") == 3       # sol eager: two B = 4 rows; compiled: --quick
+    lockstep = (tmp_path / "gpu_lockstep.txt").read_text()
+    assert "eager-flex: " in lockstep and " 0 differ" in lockstep
+    assert "8 of 8 decoders write eager's tokens" in lockstep
 
 
 def test_a_failed_phase_is_named_and_fails_the_check(tmp_path):
@@ -45,7 +48,7 @@ def test_a_failed_phase_is_named_and_fails_the_check(tmp_path):
     assert run.returncode == 1
     assert [line.split()[1].rstrip(":") for line in run.stdout.splitlines()
             if line.startswith("=== ") and ": exit 7 after" in line] == PHASES
-    assert run.stdout.rstrip().endswith("gpu_check: 6 phase(s) failed: " + " ".join(f"{p} (exit 7)" for p in PHASES))
+    assert run.stdout.rstrip().endswith("gpu_check: 7 phase(s) failed: " + " ".join(f"{p} (exit 7)" for p in PHASES))
 
 
 def test_a_phase_past_its_time_box_is_stopped_and_named(tmp_path):
@@ -55,8 +58,8 @@ def test_a_phase_past_its_time_box_is_stopped_and_named(tmp_path):
     sleepy.write_text('#!/bin/sh\ncase "$1" in -c) exit 0;; esac\nexec sleep 60\n')
     sleepy.chmod(0o755)
     run = gpu_check("--dry-run", OUT=str(tmp_path), PYTHON=str(sleepy), PHASE_LIMIT="1")
-    assert run.returncode == 1 and "=== tests (at most 1 s)" in run.stdout
-    assert run.stdout.rstrip().endswith("gpu_check: 6 phase(s) failed: " + " ".join(
+    assert run.returncode == 1 and "=== lockstep (at most 1 s)" in run.stdout
+    assert run.stdout.rstrip().endswith("gpu_check: 7 phase(s) failed: " + " ".join(
         f"{p} (exit 124, timed out)" for p in PHASES))
 
 

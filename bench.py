@@ -9,7 +9,7 @@ compares it with `threshold`, the others with `plain`, one token a step):
   simsd-exact     the same drafts verified exactly (block copies), the paper's acceptance
   simsd-gated     exact states, accepted only where the target is sure (keeps its answers)
   simsd-lossless  exact states, plain decoding's rule walked through them (must equal plain)
-  simsd-trajectory, simsd-lookup   the same without a drafter (drafts.py), and -paper: their
+  simsd-trajectory, simsd-lookup   the same without a drafter (variants.py), and -paper: their
                   tokens on the temporal mask, accepted on agreement
   spiffy+static   draft graphs from the target itself instead of a drafter (must equal plain)
   none, simsd, spiffy   sample.py's --spec names: what that spec runs (SPECS)
@@ -66,6 +66,7 @@ ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "po
 TAGS = {"both": " compiled", "drafter": " (drafter compiled)"}   # --compile both / drafter: the extra rows' names end so
 COMPILED, DRAFTER_COMPILED = TAGS.values()
 PAIRS = {"copies": ("all copies", dict(cost=None))}  # --sweep
+SWEPT = {"gamma": DRAFTED, "steps": DRAFTED, "lookahead": [m for m in SIMSD if m not in TEMPORAL]}   # the methods each sweep applies to
 
 
 def parse_method(name):
@@ -190,7 +191,7 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
     cli.check_device(device)
     own_drafts = [m for m in DRAFTED if "draft_threshold" not in SIMSD[m]]   # not the paper's gamma = B
     cli.check_used(bases, f"--methods {','.join(methods)}",
-                   dict(drafter=DRAFTED, lookup_n=[m for m in SIMSD if "lookup" in m], sweep=[*SIMSD, "spiffy"] if flags["sweep"] in PAIRS else list(SIMSD),
+                   dict(drafter=DRAFTED, lookup_n=[m for m in SIMSD if "lookup" in m], sweep=SWEPT.get(flags["sweep"], [*SIMSD, "spiffy"]),
                         ablate=["simsd-paper"], draft_budget=["spiffy"], gate=["simsd-gated"], draft_threshold=own_drafts,
                         draft_stop=own_drafts, draft_steps=DRAFTED, lookahead=[m for m in SIMSD if m not in TEMPORAL]), **flags)
     check_settings("copies", flags["lookahead"] or 0, 1, 1, None, None, True, "tau")
@@ -211,7 +212,9 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
         own = dict(own, cost=cost[B][0], max_rows=max_rows[B]) if base in (*SIMSD, "spiffy") and \
             base not in TEMPORAL else own
         variants = {m: {}}
-        if base in SIMSD and sweep == "gamma":
+        if sweep in SWEPT and base in SIMSD and base not in SWEPT[sweep] and B == block_sizes[0]:
+            print(f"--sweep {sweep}: {m} does not read it (one row)")
+        if base in DRAFTED and sweep == "gamma":
             variants = {f"{m}(gamma={g})": dict(gamma=g) for g in sorted({1, min(2, B), max(B // 2, 1), B})}
         if base in DRAFTED and sweep == "steps":
             variants = {f"{m}(steps={k})": dict(draft_steps=k) for k in (1, 2, 3, 4, 6)}

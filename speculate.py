@@ -231,11 +231,14 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
                    order)
     ids, stops = check_prompt(prompt, c, max_new_tokens), stop_ids(c, eos_id)
     longest = len(ids) + max_new_tokens
-    sessions = [Session(target, B, longest + (gamma + lookahead + 5) * B, fuse_commit)]
+    drafts = (1 + lookahead) * B if propose else min(gamma, (1 + lookahead) * B)   # a copy each
+    sessions = [Session(target, B, longest + (drafts + lookahead + 5) * B, fuse_commit)]
     if propose is None:
+        if ((d := drafter.config).vocab_size, d.mask_token_id) != (c.vocab_size, c.mask_token_id):
+            raise ValueError("drafter and target differ in vocabulary size or mask token id")
         sessions.append(Session(drafter, B, longest + (lookahead + 4) * B, fuse_commit))
-        stream = generator and torch.Generator(generator.device).manual_seed(   # its own stream
-            generator.initial_seed() + 1)
+        stream = torch.Generator(sessions[0].device).manual_seed(   # the drafter's own draws
+            (generator or torch).initial_seed() + 1)
         propose = lambda front, ahead: draft(sessions[1], front, rule, draft_steps, ahead,  # noqa
                                              draft_threshold, draft_stop, gamma, stops, stream)
     round_ = temporal_round(sessions[0], propose, rule, rope_copy, order, generator, counts,
@@ -248,18 +251,16 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifi
 
 def check_settings(verifier, lookahead, gamma, steps, threshold, stop, rope_copy, order):
     """Refuse settings that are unknown or that the chosen verifier cannot honour."""
-    if order not in ("tau", "position"):
-        raise ValueError(f"order must be 'tau' or 'position', got {order!r}")
+    if verifier not in ("copies", "temporal") or order not in ("tau", "position"):
+        raise ValueError(f"unknown verifier (--verify) {verifier!r} or order {order!r}: choose "
+                         "copies or temporal, tau or position")
     if verifier == "copies" and (not rope_copy or order != "tau"):
         raise ValueError("the rope-copy and order ablations apply to the temporal verifier only")
-    if verifier not in ("copies", "temporal"):
-        raise ValueError(f"unknown verifier (--verify) {verifier!r}; choose copies or temporal")
     if type(lookahead) is not int or lookahead < 0:
         raise ValueError(f"--lookahead must be an integer >= 0, got {lookahead!r}")
     if lookahead and verifier == "temporal":
         raise ValueError("--lookahead needs --verify copies: the temporal mask verifies one block")
     if gamma < 1 or steps < 1:
         raise ValueError(f"gamma and --draft-steps must be >= 1, got {gamma} and {steps}")
-    for name, x in (("draft_threshold", threshold), ("draft_stop", stop)):
-        if x is not None and not 0 < x <= 1:
-            raise ValueError(f"{name} must be in (0, 1], got {x}")
+    if not all(x is None or 0 < x <= 1 for x in (threshold, stop)):
+        raise ValueError(f"draft_threshold and draft_stop must be in (0, 1]: {threshold}, {stop}")

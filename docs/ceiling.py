@@ -7,8 +7,8 @@ verified (no cost model: the counts a GPU's nearly free copies would give):
     at least one forward a block. The bound printed is tokens / (blocks + prefill forwards),
     against what it reached, and how many blocks a round went on into.
   - SimSD with lookahead K: why its rounds ended. "target chose otherwise": the target's own
-    step was a state the drafter did not pass through (which of its tokens differed:
-    docs/round_ends.py); "every draft accepted": the drafter stopped (draft_stop, gamma, K).
+    step was a state the drafter did not pass through; "every draft accepted": the drafter
+    stopped (draft_stop, gamma, K).
 
     python docs/ceiling.py 200          # problems
 """

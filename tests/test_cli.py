@@ -388,3 +388,15 @@ def test_plot_draws_a_bench_json_and_refuses_bad_input(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"plot.py needs matplotlib \(pip install matplotlib\)"):
         plot.plot(bench_json, tmp_path / "q.png")
     assert not (tmp_path / "q.png").exists()
+
+
+def test_a_sweep_gives_rows_only_to_the_methods_that_read_its_setting(capsys):
+    """--sweep gamma: a row a gamma for the drafter's methods; one row, and one line saying
+    so, for a method that drafts without gamma (its counts were the same at every gamma)."""
+    target = Transformer(ModelConfig(**PRESETS["tiny"]))
+    plan = bench.plan_runs(["simsd-lossless", "simsd-trajectory"], (4, 8), target, target, None,
+                           "gamma", (), None, None, {4: (None, ""), 8: (None, "")}, {4: None, 8: None})
+    assert sorted(name for name, B in plan if B == 4) == [
+        "simsd-lossless(gamma=1)", "simsd-lossless(gamma=2)", "simsd-lossless(gamma=4)",
+        "simsd-trajectory"]
+    assert capsys.readouterr().out == "--sweep gamma: simsd-trajectory does not read it (one row)\n"

@@ -192,6 +192,8 @@ CASES = {
     "bench-unused-draft-budget": (None, "bench.py --methods plain --draft-budget 4",
                                   "--draft-budget does nothing with --methods plain"),
     "bench-unused-sweep": (None, "bench.py --methods plain,spiffy --sweep gamma", "--sweep does nothing"),
+    "bench-sweep-gamma-no-drafter": (None, "bench.py --methods simsd-trajectory,simsd-lookup --sweep gamma",
+                                     "--sweep does nothing with --methods simsd-trajectory,simsd-lookup"),
     "bench-unused-drafter": (None, "bench.py --methods plain --drafter {d}", "--drafter does nothing"),
     "bench-out-nowhere": (None, "bench.py --out {d}/nowhere/r.json", "no directory"),
     "bench-out-a-directory": (None, "bench.py --out {d}", "is a directory"),

@@ -122,3 +122,39 @@ def test_the_core_imports_no_speed_device_and_no_variant():
     by the command lines."""
     for m in ("mask", "model", "decode", "verify", "speculate", "spiffy"):
         assert not imports(MODULES[m], top_level_only=False) & {"fast", "variants", "costs", "counts"}, m
+
+
+def prose():
+    """(where, text): the README and docs/design.md whole, and every docstring, comment and
+    string of the project's Python files (help texts included)."""
+    out = [(p.name, p.read_text()) for p in (ROOT / "README.md", ROOT / "docs" / "design.md")]
+    for p in [*ROOT.glob("*.py"), *ROOT.glob("tools/*.py"), *ROOT.glob("docs/*.py"), *ROOT.glob("tests/*.py")]:
+        text = p.read_text()
+        strings = [n.value for n in ast.walk(ast.parse(text))
+                   if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        comments = [line.split("#", 1)[1] for line in text.splitlines() if "#" in line]
+        out.append((str(p.relative_to(ROOT)), "\n".join(strings + comments)))
+    return out
+
+
+def test_every_file_and_name_the_docs_point_to_exists():
+    """Each Python file the prose mentions is a file of the project (at the root, or under the
+    path given), and each `module.name` of a project module (backticked in the README and
+    design notes, or in a docstring or help text) is a name that module defines."""
+    files = {str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if ".git" not in p.parts}
+    names = {p.name for p in ROOT.glob("*.py")} | {p.name for p in ROOT.glob("tests/*.py")} | files
+    names |= {"generate.py", "test_inner.py"}   # SDAR's own; one a test writes
+    suffixes = {"py", "sh", "json", "jsonl", "md", "txt", "png", "model", "safetensors"}
+    defined = {m: {n.name for n in ast.walk(ast.parse(MODULES[m].read_text()))
+                   if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+               | {t.id for n in ast.parse(MODULES[m].read_text()).body if isinstance(n, ast.Assign)
+                  for t in n.targets if isinstance(t, ast.Name)} for m in MODULES}
+    missing = []
+    for where, text in prose():
+        for f in re.findall(r"(?<![\w/.-])((?:[\w-]+/)*[A-Za-z_]\w*\.py)\b", text):
+            if f not in names and not f.startswith(("torch/", "transformers/")):
+                missing.append(f"{where}: {f}")
+        for m, name in re.findall(r"`(\w+)\.(\w+)[`(]", text):
+            if m in MODULES and m not in ("model", "mask") and name not in defined[m] | suffixes:
+                missing.append(f"{where}: {m}.{name}")
+    assert not missing, "pointers to nothing: " + "; ".join(sorted(set(missing)))

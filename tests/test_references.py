@@ -1,4 +1,4 @@
-"""SimSD without a drafter (drafts.py: --reference trajectory and lookup), CPU, tiny random models:
+"""SimSD without a drafter (variants.py: --reference trajectory and lookup), CPU, tiny random models:
 
 - lossless (block copies + the walk) with either source is plain decoding token for token in
   fp32: greedy and seeded sampling, every strategy, lookahead 0-3, prompts off the block grid,
@@ -18,14 +18,13 @@ import torch
 
 import checkpoint
 import cli
-import variants as drafts
 import sample
 import speculate
 from conftest import make_model
 from decode import DecodeRule, Frontier, generate
 from checkpoint import PRESETS
 from prepare import load_tasks
-from variants import simsd as simsd_generate
+import variants
 
 MASK_ID, VOCAB, NO_EOS = PRESETS["tiny"]["mask_token_id"], PRESETS["tiny"]["vocab_size"], -1
 RULES = {"static": dict(), "threshold": dict(strategy="low_confidence_dynamic", threshold=0.6),
@@ -65,7 +64,7 @@ def test_lossless_without_a_drafter_equals_plain_decoding(models, reference, B, 
     saved = proposed = 0
     for k, (prompt, max_new) in enumerate(cases(B)):
         plain, st_plain = generate(model, prompt, max_new, rule, eos_id=NO_EOS, generator=seeded(k))
-        out, st = simsd_generate(model, None, prompt, max_new, rule, reference=reference,
+        out, st = variants.simsd(model, None, prompt, max_new, rule, reference=reference,
                                  lookahead=lookahead, eos_id=NO_EOS, generator=seeded(k))
         assert out == plain, f"prompt {k}"
         saved += st_plain["nfe"] - st["nfe"]
@@ -95,7 +94,7 @@ def test_a_stop_id_in_a_proposed_block_ends_decoding_where_plain_decoding_does(m
         stop, plain = stop_inside(model, rule, prompt, 4 * B)
         if stop is None:
             continue
-        out, st = simsd_generate(model, None, prompt, 4 * B, rule, reference=reference, lookahead=3,
+        out, st = variants.simsd(model, None, prompt, 4 * B, rule, reference=reference, lookahead=3,
                                  eos_id=stop)
         assert out == plain, k
         ended += st["stop"] == "stop_id"
@@ -110,18 +109,18 @@ def test_lookup_pays_where_the_answer_repeats_the_prompt():
     nfe = {"plain": 0, "lookup": 0}
     for ids, _ in load_tasks(None, 3, tok, False, "copy"):
         plain, st_plain = generate(model, ids, 32, rule)
-        out, st = simsd_generate(model, None, ids, 32, rule, reference="lookup")
+        out, st = variants.simsd(model, None, ids, 32, rule, reference="lookup")
         assert out == plain
         nfe["plain"], nfe["lookup"] = nfe["plain"] + st_plain["nfe"], nfe["lookup"] + st["nfe"]
     assert nfe["lookup"] * 1.5 <= nfe["plain"], nfe
 
 
 def test_the_lookup_takes_the_most_recent_match():
-    assert drafts.lookup([1, 2, 3, 9, 2, 3, 8, 5, 2, 3], 2, 2) == [8, 5]        # 2 3: the last one
-    assert drafts.lookup([7, 2, 3, 9, 5, 2, 3, 8, 7, 2, 3], 3, 2) == [9, 5]     # 7 2 3, not 2 3
-    assert drafts.lookup([1, 2, 3, 4], 1, 2) == []                              # nothing recurs
-    assert drafts.lookup([5, 6, 5], 1, 3) == [6, 5]                             # runs into the key
-    assert drafts.lookup([5], 3, 3) == [] and drafts.lookup([5, 5, 5], 3, 2) == []
+    assert variants.lookup([1, 2, 3, 9, 2, 3, 8, 5, 2, 3], 2, 2) == [8, 5]        # 2 3: the last one
+    assert variants.lookup([7, 2, 3, 9, 5, 2, 3, 8, 7, 2, 3], 3, 2) == [9, 5]     # 7 2 3, not 2 3
+    assert variants.lookup([1, 2, 3, 4], 1, 2) == []                              # nothing recurs
+    assert variants.lookup([5, 6, 5], 1, 3) == [6, 5]                             # runs into the key
+    assert variants.lookup([5], 3, 3) == [] and variants.lookup([5, 5, 5], 3, 2) == []
 
 
 def front(host, context, ranks=()):
@@ -132,23 +131,23 @@ def front(host, context, ranks=()):
 def test_lookup_drafts_stop_at_a_disagreeing_token_and_after_a_block_with_a_stop_id():
     rule, M = DecodeRule(MASK_ID, 4), MASK_ID
     context = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 10]            # 10 -> 11 12 ...
-    d = drafts.lookup_draft(front([M, M, M, M], context), rule, 1, 2, frozenset())
+    d = variants.lookup_draft(front([M, M, M, M], context), rule, 1, 2, frozenset())
     assert d.tokens == [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 10][:12]
     assert d.pos == list(range(12))                                           # three blocks
-    d = drafts.lookup_draft(front([M, M, 99, M], context), rule, 1, 2, frozenset())
+    d = variants.lookup_draft(front([M, M, 99, M], context), rule, 1, 2, frozenset())
     assert d.tokens == [11, 12] and d.pos == [0, 1]                            # 99 is not 13
-    d = drafts.lookup_draft(front([M, M, 13, M], context), rule, 1, 2, frozenset())
+    d = variants.lookup_draft(front([M, M, 13, M], context), rule, 1, 2, frozenset())
     assert d.pos[:3] == [0, 1, 3]                                              # 13 agrees: skipped
-    d = drafts.lookup_draft(front([M, M, M, M], context), rule, 1, 2, frozenset({16}))
+    d = variants.lookup_draft(front([M, M, M, M], context), rule, 1, 2, frozenset({16}))
     assert d.pos == list(range(8))                                             # 16 ends block two
-    d = drafts.lookup_draft(front([M, M, M, M], [1, 2, 3]), rule, 1, 2, frozenset())
+    d = variants.lookup_draft(front([M, M, M, M], [1, 2, 3]), rule, 1, 2, frozenset())
     assert d.pos == [] == d.tokens                                             # no match
 
 
 def test_lookup_orders_the_open_blocks_drafts_by_the_last_forwards_confidence():
     rule, M = DecodeRule(MASK_ID, 4), MASK_ID
     ranks = ([2, 0, 3, 1], [[0]] * 4, [[0.5]] * 4)
-    d = drafts.lookup_draft(front([M, M, M, M], [5, 6, 7, 8, 9, 5], ranks), rule, 1, 0, frozenset())
+    d = variants.lookup_draft(front([M, M, M, M], [5, 6, 7, 8, 9, 5], ranks), rule, 1, 0, frozenset())
     assert d.pos == [2, 0, 3, 1] and d.tokens == [8, 6, 9, 7]
 
 
@@ -169,7 +168,7 @@ def test_the_temporal_path_commits_the_targets_argmax_where_the_verifier_is_exac
         return new, n
     monkeypatch.setattr(speculate, "accept_temporal", recorded)
     prompt = tokens(6, 70) * 2
-    out, st = simsd_generate(model, None, prompt, 4 * B, rule, verifier="temporal", acceptance="paper",
+    out, st = variants.simsd(model, None, prompt, 4 * B, rule, verifier="temporal", acceptance="paper",
                              reference=reference, eos_id=NO_EOS)
     seq, checked = list(prompt[:len(prompt) // B * B]), 0
     for block, revealed, new in states:
@@ -194,3 +193,20 @@ def test_no_drafter_is_loaded_for_a_drafter_free_reference(monkeypatch):
     monkeypatch.setattr(checkpoint, "from_pretrained", counted)
     sample.main(spec="simsd", reference="lookup", max_new_tokens=8)
     assert len(loaded) == 1 and loaded[0].endswith("target"), loaded
+
+
+@pytest.mark.parametrize("B", [4, 8, 32])
+@pytest.mark.parametrize("reference", ["drafter", "trajectory", "lookup"])
+def test_the_scratch_holds_a_round_whatever_gamma(reference, B):
+    """The scratch rows are sized by what a round can verify, not by gamma, which only the
+    drafter reads: with gamma = 1 and the largest lookahead the bench sweeps (3), a reference
+    that drafts whole blocks ahead fits, and decodes plain decoding's tokens (it overflowed
+    the cache before)."""
+    target = make_model(n_layer=1, block_size=B, seed=0)
+    drafter = make_model(n_layer=1, block_size=B, seed=5) if reference == "drafter" else None
+    rule = DecodeRule(MASK_ID, B)       # one token a step: a state a draft
+    prompt = tokens(6, 21) * 3          # it repeats itself: lookup drafts blocks ahead
+    plain = generate(target, prompt, 4 * B, rule, eos_id=NO_EOS)[0]
+    out, _ = variants.simsd(target, drafter, prompt, 4 * B, rule, reference=reference, gamma=1,
+                            lookahead=3, eos_id=NO_EOS)
+    assert out == plain

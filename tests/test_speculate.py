@@ -6,8 +6,8 @@
   targets are only approximate, so there the mask verify builds is checked against the rules
   and the flex path against the dense one.
 - accept: greedy prefix-and-correction; the sampling rule reproduces p_target (chi-square).
-- simsd_generate: drafter = target reproduces plain decoding with every draft accepted;
-  rejections leave no trace in the target's cache; ablations, input checks and statistics.
+- variants.simsd (simsd_generate with the command lines' names): drafter = target reproduces
+  plain decoding with every draft accepted; rejections leave no trace in the target's cache; ablations, input checks and statistics.
 
 Run: python -m pytest tests/test_speculate.py -q
 """
@@ -27,7 +27,6 @@ import speculate
 from decode import DecodeRule, Frontier, Session, generate
 from checkpoint import PRESETS
 from speculate import Draft
-from variants import simsd as simsd_generate
 from counts import Counts
 from verify import Guesses, verify_copies, walk
 
@@ -337,7 +336,7 @@ def test_drafter_equal_to_a_one_layer_target_accepts_everything_and_decodes_plai
     for prompt_len in (3, 2 * B, 2 * B + 3):
         prompt, max_new = tokens(prompt_len, seed=prompt_len), 3 * B
         plain, _ = generate(target, prompt, max_new, rule, eos_id=NO_EOS)
-        out, stats = simsd_generate(target, drafter, prompt, max_new, rule, gamma=gamma,
+        out, stats = variants.simsd(target, drafter, prompt, max_new, rule, gamma=gamma,
                                     draft_steps=gamma, eos_id=NO_EOS, draft_threshold=None,
                                     draft_stop=None, **variant)
         assert out == plain and len(set(out)) > 2
@@ -351,7 +350,7 @@ def test_a_target_drafting_for_itself_decodes_plainly(tiny_model):
     model = tiny_model(n_layer=1, block_size=B)
     prompt = tokens(10, seed=1)
     plain, _ = generate(model, prompt, 12, eos_id=NO_EOS)
-    out, stats = simsd_generate(model, model, prompt, 12, gamma=3, eos_id=NO_EOS,
+    out, stats = variants.simsd(model, model, prompt, 12, gamma=3, eos_id=NO_EOS,
                                 draft_threshold=None, draft_stop=None, lookahead=0)
     rounds = drafted_per_round(B, len(prompt) % B, 12, 3)
     assert out == plain and stats["accept_hist"] == dict(sorted(Counter(rounds).items()))
@@ -378,7 +377,7 @@ def run_recorded(monkeypatch, target, drafter, prompt, max_new, **kwargs):
     monkeypatch.setattr(speculate, "accept_temporal", spy_accept)   # them up
     kwargs = dict(dict(verifier="temporal", acceptance="paper", draft_threshold=None,
                        draft_stop=None), **kwargs)
-    out, stats = simsd_generate(target, drafter, prompt, max_new, **kwargs)
+    out, stats = variants.simsd(target, drafter, prompt, max_new, **kwargs)
     monkeypatch.undo()
     return out, stats, rounds
 
@@ -407,16 +406,31 @@ def test_rejected_drafts_leave_no_trace_in_the_target_cache(tiny_model, monkeypa
     assert checked >= 3, "too few rejections: the test would pass vacuously"
 
 
-def test_ablations_run_and_return_the_requested_length(tiny_model):
+def test_the_rope_copy_ablation_moves_the_slots_past_the_block(tiny_model, monkeypatch):
+    """rope_copy=False: every mask slot of the temporal verifier sits after the block (the
+    paper's ablation); by default each sits at its data token's position, inside the block."""
     B = 4
     target = tiny_model(n_layer=2, block_size=B, seed=0)
     drafter = tiny_model(n_layer=1, block_size=B, seed=5)
-    prompt = tokens(6, seed=4)
-    for kwargs in (dict(rope_copy=False), dict(order="position"),
-                   dict(order="position", rope_copy=False, gamma=2)):
-        out, stats = simsd_generate(target, drafter, prompt, 13, eos_id=NO_EOS, verifier="temporal",
-                                    acceptance="paper", **kwargs)
+    verify, offsets = speculate.verify_temporal, []
+
+    def spy(sess, front, d, rule, rope_copy=True):   # the slots' positions, from the block's start
+        forward = sess.forward
+        sess.forward = lambda tokens, pos, mask_for, keep, rows=None: (
+            offsets.append((pos[len(pos) - keep:] - front.pos[0]).tolist()),
+            forward(tokens, pos, mask_for, keep, rows))[1]
+        try:
+            return verify(sess, front, d, rule, rope_copy)
+        finally:
+            del sess.forward
+    monkeypatch.setattr(speculate, "verify_temporal", spy)
+    for kwargs in (dict(), dict(rope_copy=False), dict(order="position", rope_copy=False, gamma=2)):
+        offsets.clear()
+        out, stats = variants.simsd(target, drafter, tokens(6, seed=4), 13, eos_id=NO_EOS,
+                                    verifier="temporal", acceptance="paper", **kwargs)
         assert len(out) == 13 and stats["tokens"] == 13 and MASK_ID not in out
+        slots = [x for o in offsets for x in o]
+        assert slots and all((x >= B) if "rope_copy" in kwargs else (0 <= x < B) for x in slots)
 
 
 def test_position_order_verifies_left_to_right(tiny_model, monkeypatch):
@@ -435,19 +449,20 @@ def test_position_order_verifies_left_to_right(tiny_model, monkeypatch):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(gamma=-1), "gamma and --draft-steps must be >= 1"),
     (dict(gamma=0), "gamma and --draft-steps must be >= 1"),
-    (dict(order="random"), "order must be 'tau' or 'position'"),
+    (dict(order="random"), "or order 'random': choose copies or temporal, tau or position"),
 ], ids=["gamma=-1", "gamma=0", "order"])
 def test_bad_settings_raise(tiny_model, kwargs, message):
     model = tiny_model(n_layer=1)
     with pytest.raises(ValueError, match=message):
-        simsd_generate(model, copy.deepcopy(model), tokens(5), 8, **kwargs)
+        variants.simsd(model, copy.deepcopy(model), tokens(5), 8, **kwargs)
 
 
 @pytest.mark.parametrize("overrides", [dict(vocab=101), dict(mask_token_id=4)],
                          ids=["vocab", "mask_id"])
-def test_drafter_with_another_vocabulary_raises(tiny_model, overrides):
-    with pytest.raises(ValueError, match="vocabulary size or mask token id"):
-        simsd_generate(tiny_model(n_layer=1), tiny_model(n_layer=1, **overrides), tokens(5), 8)
+@pytest.mark.parametrize("entry", [variants.simsd, speculate.simsd_generate])
+def test_drafter_with_another_vocabulary_raises(tiny_model, overrides, entry):
+    with pytest.raises(ValueError, match="drafter and target differ in vocabulary size or mask"):
+        entry(tiny_model(n_layer=1), tiny_model(n_layer=1, **overrides), tokens(5), 8)
 
 
 @pytest.mark.parametrize("fuse_commit", [True, False])
@@ -505,7 +520,7 @@ def test_lossless_simsd_equals_plain_decoding(tiny_model, B, rule_kw, temperatur
         prompt, max_new = tokens(L, seed=20 + k), 3 * B
         plain, _ = generate(target, prompt, max_new, rule, eos_id=NO_EOS,
                             generator=torch.Generator().manual_seed(k))
-        out, stats = simsd_generate(target, drafter, prompt, max_new, rule, acceptance="lossless",
+        out, stats = variants.simsd(target, drafter, prompt, max_new, rule, acceptance="lossless",
                                     draft_threshold=rule_kw.get("threshold", 0.5), eos_id=NO_EOS,
                                     draft_steps=3,
                                     generator=torch.Generator().manual_seed(k))
@@ -658,10 +673,27 @@ def test_the_drafter_drafts_several_a_step_and_stops_when_unsure(tiny_model):
     (dict(rope_copy=False), "temporal verifier only"),
     (dict(gate=0.0), "gate must be in"),
     (dict(gate=1.5), "gate must be in"),
-    (dict(draft_threshold=-0.1), "draft_threshold must be in"),
-    (dict(draft_stop=2.0), "draft_stop must be in"),
+    (dict(draft_threshold=-0.1), r"draft_threshold and draft_stop must be in \(0, 1\]: -0.1"),
+    (dict(draft_stop=2.0), r"draft_threshold and draft_stop must be in \(0, 1\]: 0.5, 2.0"),
 ])
 def test_bad_variant_settings_raise(tiny_model, kwargs, message):
     model = tiny_model(n_layer=1)
     with pytest.raises(ValueError, match=message):
-        simsd_generate(model, copy.deepcopy(model), tokens(5), 8, **kwargs)
+        variants.simsd(model, copy.deepcopy(model), tokens(5), 8, **kwargs)
+
+
+def test_without_a_generator_the_drafters_draws_leave_the_walks_alone(tiny_model):
+    """Sampling with no generator: the walk draws from torch's global stream exactly as plain
+    decoding does, and the drafter from a stream of its own (seeded from torch's seed), so the
+    lossless output is plain decoding's with the same global seed, whatever the drafter draws."""
+    B = 4
+    target = tiny_model(n_layer=2, block_size=B, seed=0)
+    drafter = tiny_model(n_layer=1, block_size=B, seed=5)
+    rule = DecodeRule(MASK_ID, B, temperature=1.0)
+    prompt = tokens(6, seed=4)
+    torch.manual_seed(3)
+    plain = generate(target, prompt, 16, rule, eos_id=NO_EOS)[0]
+    for steps in (1, 3):
+        torch.manual_seed(3)
+        assert speculate.simsd_generate(target, drafter, prompt, 16, rule, eos_id=NO_EOS,
+                                        draft_steps=steps)[0] == plain

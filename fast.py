@@ -1,5 +1,6 @@
-"""Speed devices, set apart from the reference: no decoder imports this module. The command
-lines compose them; each gives the core's tokens and forwards (tests/test_fast.py).
+"""Speed devices, set apart from the reference: no core decoder (decode, verify, speculate,
+spiffy) imports this module. The command lines compose them; each gives the core's tokens and
+forwards (tests/test_fast.py).
 
 - walk: the verification walk with ONE host sync a round, for a rule whose step depends on
   nothing but the state and its logits (every copy is stepped at once); else verify.walk.

@@ -41,7 +41,7 @@ mkdir -p "$out" 2>/dev/null && [ -w "$out" ] || die "cannot write to OUT=$out"
 if [ $dry = 1 ]; then   # the flow, flags and parsing, not the figures: no GPU, no compiler
     export TORCH_COMPILE_DISABLE=1
     dev=(--device cpu --dtype float32) sol=tiny boxed=0 bench=(--prompts 1 --max-new-tokens 8) sizes=4 costs=1
-    tests=() lockstep=(--configs eager-flex)   # flex itself needs torch.compile (not disabled)
+    tests=() lockstep=(--configs eager-flex --block-size 4)   # flex needs torch.compile (on)
 else
     "$py" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
         || die "torch $("$py" -c 'import torch; print(torch.__version__)') sees no GPU (on a CPU: --dry-run)"

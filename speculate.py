@@ -4,12 +4,12 @@ docs/design.md, section 3 (after the SimSD paper). Each round of the loop (decod
   draft   the drafter decodes the open block, and up to `lookahead` blocks past it, for a
           fixed number of its own steps, every decision on the device (draft). Each drafted
           token d_i keeps its step label tau(i) and its draft distribution p_draft(i).
-  verify  lossless (the default): the drafter's states X_t, X_t + d_1, ... as block copies
-          in ONE target forward, the target's own rule walked through them (verify.py):
-          plain decoding's output, token for token in fp32. temporal (the paper's): ONE
-          forward over [data section | mask section] under the token-level temporal mask,
-          slots at their data tokens' RoPE positions (verify_temporal), the drafts accepted
-          along tau, greedy or by speculative sampling (accept_temporal); not lossless.
+  verify  lossless (the default): the drafter's states (after each draft, or each step of a
+          several-token rule) as block copies in ONE target forward, the target's own rule
+          walked through them (verify.py): plain decoding's output, token for token in fp32.
+          temporal (the paper's): ONE forward over [data section | mask section] under the
+          token-level temporal mask, slots at their tokens' RoPE positions (verify_temporal),
+          the drafts accepted along tau (accept_temporal): greedy or sampled; not lossless.
 variants.py: the drafter-free references and the ablations; fast.py: the speed devices.
 
     python sample.py --spec simsd                  # on the embedded models

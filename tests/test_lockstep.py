@@ -3,10 +3,11 @@ garbage of tools.lockstep.stale_garbage would show a leak.
 
 - A fault planted in one forward (its logits + 1, call 3 of one graph) is the one forward
   named, and no other differs (decoding goes on from the twin's logits and cache rows).
-- Without a fault, nothing differs, with dynamic and with static shapes (dynamo's capture only:
-  the real compiler runs in tests/test_inductor.py and on a GPU in gpu_check.sh).
+- Without a fault, nothing differs, eager and with static shapes (dynamo's capture only: the
+  real compiler runs in tests/test_inductor.py and on a GPU in gpu_check.sh).
 - Every stale cache row filled with garbage changes no token, eager and with static shapes
-  (keys over the whole cache), over SDPA and FlexAttention; a padding row made visible does.
+  (keys over the whole cache), over SDPA (B = 4 and 32) and FlexAttention (B = 4); a padding
+  row made visible does.
 
 Run: python -m pytest tests/test_lockstep.py -q
 """
@@ -46,12 +47,13 @@ def test_a_planted_fault_is_the_one_forward_named(pair):
     assert "1 differ; the first: #" in head and "graph [block_causal, start > 0] call 3" in head
 
 
-@pytest.mark.parametrize("config", ["dyn-flex", "static-flex"])
+@pytest.mark.parametrize("config", ["eager-flex", "static-flex"])
 def test_nothing_differs_without_a_fault(pair, config):
     rule = DecodeRule(MASK_ID, 8, strategy="low_confidence_dynamic", threshold=0.6)
     graph = calibrate(pair[0], [prompt(5), prompt(11)], rule, 16, budget=6)
     models = lockstep.compiled(config, pair, backend="eager")
     chosen = ("threshold", "spiffy") if config == "static-flex" else ("simsd", "simsd-temporal")
+    # (eager-flex: no compiler, graphs named by mask kind as with dynamic shapes)
     runs = {k: v for k, v in lockstep.decoders(*models, rule, graph, 16).items() if k in chosen}
     log = lockstep.run(config, models, runs, [prompt(3), prompt(19)])
     assert lockstep.report(config, log) == [f"{config}: {len(log)} forwards, 0 differ"]
@@ -86,6 +88,8 @@ def test_stale_rows_of_garbage_change_no_token(pair, clean, attn, shapes, monkey
     if shapes == "static-leak":
         monkeypatch.setattr(fast, "padded", leaky_padded)
     for B, (rule, graph, p, tokens) in clean.items():
+        if attn == "flex" and B == 32 and shapes != "static-leak":
+            continue      # flex run eager on a CPU is slow; the mask is SDPA's, tested at B = 32
         models = [copy.deepcopy(m) for m in pair]
         for m in models:
             m.attn_impl = attn

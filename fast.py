@@ -36,13 +36,13 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     for a greedy rule with a fixed quota, the rule steps EVERY copy in one batched call, whether
     the walk reaches it or not; which copy each new state is, is found on the device too, and
     only the chain is followed on the host: ONE host sync."""
-    if len(g.counts) == 1:                      # nothing guessed: one step, nothing to compare
+    if len(g.n_masked) == 1:                      # nothing guessed: one step, nothing to compare
         new = rule(logits, g.copies[0], step, generator)
         host, *ranks = to_host(new, *extra(logits, g.copies, new[None]))
         return Walk([(logits, new)], host, [h[0] for h in ranks], [], [None], [])
     if not greedy_fixed_quota(rule):
         return walk_stepwise(logits, g, step, rule, generator, extra)
-    each, copies = logits.split(g.counts), g.copies
+    each, copies = logits.split(g.n_masked), g.copies
     block_of, goes_on, first = successors(g)
     new = rule(logits, copies, step)                                        # (n, B): each stepped
     hit = same_state(copies[None], new[:, None]) & (block_of[None] == block_of[:, None]) & goes_on
@@ -52,7 +52,7 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     while nxt[path[-1]] < len(copies):
         j = nxt[path[-1]]
         visited.append(j)
-        if not g.counts[j]:
+        if not g.n_masked[j]:
             crossed.append((len(path), j))
             j = first[j]
         path.append(j)
@@ -69,9 +69,9 @@ def successors(g):
     parent = [-1] * n if g.parent is None else g.parent
     first = {}
     for i, p in enumerate(parent):
-        if p >= 0 and g.counts[i] == B:
+        if p >= 0 and g.n_masked[i] == B:
             first.setdefault(p, i)
-    goes_on = [int(g.counts[i] > 0 or i in first) for i in range(n)]
+    goes_on = [int(g.n_masked[i] > 0 or i in first) for i in range(n)]
     block_of, goes_on = to_device([parent, goes_on], g.copies.device)
     return block_of, goes_on.bool(), first
 
@@ -84,7 +84,7 @@ def same_state(copies, state):
 def prefix(g, n):
     """The first n copies of Guesses g (a copy's parent comes before it: still a whole)."""
     cut = lambda x: x if x is None else x[:n]   # noqa: E731
-    return Guesses(g.copies[:n], g.counts[:n], cut(g.parent), cut(g.reach), cut(g.drafted))
+    return Guesses(g.copies[:n], g.n_masked[:n], cut(g.parent), cut(g.reach), cut(g.drafted))
 
 
 def sized(g, cost):

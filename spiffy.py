@@ -41,18 +41,19 @@ def ranks(logits, states, rule, k=None, packed_at=None):
     return order, tok[by_rank], p[by_rank]
 
 
-def reachable(node, chosen, one_per_step):
+def reachable(node, chosen, stepwise):
     """A node can be matched only after one of its parents (a chosen node one step smaller),
-    unless the first step can produce it: any reveal set under the threshold rule."""
-    return len(node) == 1 or not one_per_step or \
+    unless the first step can produce it (stepwise: the rule reveals one token a step; under
+    the threshold rule any reveal set can come first)."""
+    return len(node) == 1 or not stepwise or \
         any(len(a) == len(node) - 1 and set(a) < set(node) for a in chosen)
 
 
-def connected_top(nodes, score, budget, one_per_step):
+def connected_top(nodes, score, budget, stepwise):
     """The `budget` best nodes by score that stay connected to the root."""
     chosen, todo = [], sorted(nodes, key=lambda n: (-score[n], len(n), n))
     while len(chosen) < budget:
-        n = next((n for n in todo if n not in chosen and reachable(n, chosen, one_per_step)), None)
+        n = next((n for n in todo if n not in chosen and reachable(n, chosen, stepwise)), None)
         if n is None:
             return chosen
         chosen.append(n)

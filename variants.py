@@ -126,7 +126,7 @@ def on_copies(accept_rule, gate=GATE):
         gated = accept_rule == "gated"
         sure = target_sure(logits, g.copies, d, drafted_in, rule, gate) if gated else ok
         k, sure = map(int, to_host(first_true(~(ok & sure)), first_true(~sure)))
-        c = drafted_in[k] if k < len(drafted_in) else len(g.counts) - 1
+        c = drafted_in[k] if k < len(drafted_in) else len(g.n_masked) - 1
         crossed, taken = ended_in(g.parent, c)
         block, steps = g.copies[c].clone(), taken
         if k < len(drafted_in) and (k < sure or not gated):     # rejected (and, gated, sure):
@@ -134,9 +134,9 @@ def on_copies(accept_rule, gate=GATE):
             why, steps = "draft rejected", taken + 1                       # the correction
         else:                       # every draft accepted, or the target unsure: its own step
             why = "every draft accepted" if k == len(drafted_in) else "target unsure"
-            if g.counts[c]:
+            if g.n_masked[c]:
                 at = front.step + taken if not crossed else taken
-                block = rule(logits.split(g.counts)[c], g.copies[c], at, generator)
+                block = rule(logits.split(g.n_masked)[c], g.copies[c], at, generator)
                 steps += 1
         copies, host = to_host(g.copies, block)
         if counts is not None:

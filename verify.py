@@ -19,7 +19,7 @@ from decode import Advance, Frontier, packed_rows, to_device, to_host
 class Guesses:
     """A round's copies, as verify_copies and walk take them."""
     copies: torch.Tensor   # (n, B) block states; copies[0] is the open block itself
-    counts: list           # each copy's number of masked positions (host ints)
+    n_masked: list         # each copy's number of masked positions (host ints)
     parent: list = None    # None: all of the open block; else -1, or the complete copy before
     reach: list = None     # the proposer's guess that the walk reaches each copy (fast.sized)
     drafted: list = None   # drafts each copy holds (SimSD's: its drafts accepted)
@@ -27,9 +27,9 @@ class Guesses:
 
 def verify_copies(sess, g, pos):
     """ONE target forward over the copies of g at the open block's positions `pos` (B,).
-    -> (sum(counts), V) logits at the masked positions, copy by copy (decode.packed_rows)."""
+    -> (sum(n_masked), V) logits at the masked positions, copy by copy (decode.packed_rows)."""
     n, B = g.copies.shape
-    rows = packed_rows(g.copies, sess.model.config.mask_token_id, sum(g.counts))
+    rows = packed_rows(g.copies, sess.model.config.mask_token_id, sum(g.n_masked))
     if n == 1:                                              # one copy: plain decoding's forward
         return sess.forward(g.copies[0], pos, lambda c, k: masks.block_causal(B, c), B, rows)
     depth, sees = lineage(g.parent or [-1] * n)   # a later block's copy sits B positions on
@@ -72,22 +72,22 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     a new state with a mask left goes on from its copy, a complete one from the next block's
     first copy. extra(packed logits of (m, B) copies, their (m, B) new states) -> m-row tensors
     brought back (Walk.ranks: the last state's). A host sync a step (fast.walk: one a round)."""
-    each, n = logits.split(g.counts), len(g.counts)
+    each, n = logits.split(g.n_masked), len(g.n_masked)
     parent = g.parent or [-1] * n
     # a complete copy -> its next block's first copy (reversed: the lowest index wins)
     first = {parent[c]: c for c in reversed(range(n))
-             if parent[c] >= 0 and g.counts[c] == len(g.copies[c])}
+             if parent[c] >= 0 and g.n_masked[c] == len(g.copies[c])}
     path, crossed, visited, i = [], [], [], 0
     while True:
         new = rule(each[i], g.copies[i], step, generator)
         path.append((each[i], new))
         host, copies, *ranks = to_host(new, g.copies, *extra(each[i], g.copies[i][None], new[None]))
         same = [c for c in range(n) if copies[c] == host and parent[c] == parent[i]
-                and (g.counts[c] or c in first)]        # a copy to go on from
+                and (g.n_masked[c] or c in first)]        # a copy to go on from
         if not same:                                     # none: the round ends
             return Walk(path, host, [h[0] for h in ranks], crossed, copies, visited)
         visited.append(same[0])
-        if g.counts[same[0]]:
+        if g.n_masked[same[0]]:
             i, step = same[0], step + 1
         else:                                            # block finished: on into the next
             crossed.append((len(path), same[0]))

@@ -194,7 +194,7 @@ def test_drafting_ahead_leaves_the_drafters_cache_where_it_was():
     again = speculate.draft(sess, front, rule, 3 * B, 2, None, None, 3 * B, frozenset())
     assert (first.pos, first.tokens) == (again.pos, again.tokens)
     g = speculate.drafted_states(front, first, 2, frozenset(), MASK_ID)
-    assert g.copies.shape == (3 * B + 3, B) and g.parent[B + 1] == B and g.counts[B + 1] == B
+    assert g.copies.shape == (3 * B + 3, B) and g.parent[B + 1] == B and g.n_masked[B + 1] == B
 
 
 @pytest.mark.parametrize("method", ["simsd", "spiffy"])
@@ -224,11 +224,11 @@ def test_cost_sized_copies_never_change_the_output(method):
 def test_the_copies_are_cut_to_the_prefix_that_pays():
     """fast.sized: the prefix with the most expected steps a second (reach: each copy's)."""
     g = Guesses(torch.zeros(5, 4, dtype=torch.long), [4, 3, 2, 1, 0], None, [1.0, 0.9, 0.8, 0.1, 0.05])
-    assert len(fast.sized(g, lambda n: 1.0).counts) == 5                     # flat: every copy
-    assert len(fast.sized(g, lambda n: float(n) ** 3).counts) == 1           # steep: none
-    assert len(fast.sized(g, lambda n: 1.0 + 0.3 * n).counts) == 3           # 2.7 / 1.9 is the best
+    assert len(fast.sized(g, lambda n: 1.0).n_masked) == 5                     # flat: every copy
+    assert len(fast.sized(g, lambda n: float(n) ** 3).n_masked) == 1           # steep: none
+    assert len(fast.sized(g, lambda n: 1.0 + 0.3 * n).n_masked) == 3           # 2.7 / 1.9 is the best
     assert fast.sized(g, lambda n: 1.0 + 0.3 * n).reach == [1.0, 0.9, 0.8]
-    assert fast.cutter(None, None, 4) is None and len(fast.cutter(None, 9, 4)(g).counts) == 2
+    assert fast.cutter(None, None, 4) is None and len(fast.cutter(None, 9, 4)(g).n_masked) == 2
 
 
 def test_the_forward_cost_is_measured_and_grows_with_the_copies():

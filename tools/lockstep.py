@@ -51,14 +51,13 @@ from calibrate import graph_path, load_graph  # noqa: E402
 from cli import DEFAULT_DRAFTER, DEFAULT_TARGET, load, make_rule, max_rows  # noqa: E402
 import variants  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
+from sample import DEFAULT_PROMPT  # noqa: E402
 from spiffy import spiffy_generate  # noqa: E402
 from util import ArgumentParser  # noqa: E402
 
 MAIN_KERNEL = {"FORCE_USE_FLEX_ATTENTION": True}   # flex's options, dyn-flex-main's
 TOL = 1e-4   # fp32: a compiled kernel may sum in another order, never by this much
-PROMPTS = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. "
-           "How much does Max have now?\nAnswer:",
-           "Question: What is 7 times 8?\nAnswer:")
+PROMPTS = (DEFAULT_PROMPT, "Question: What is 7 times 8?\nAnswer:")
 CONFIGS = {   # name: (attention, shapes, torch.compile options, needs CUDA)
     "eager-flex": ("flex", None, {}, False),
     "dyn-flex": ("flex", "dynamic", {}, False),
@@ -181,8 +180,7 @@ def compiled(config, models, backend=None):
         m.attn_impl = attn
         if shapes:
             how = fast.compile_static if shapes == "static" else fast.compile_dynamic
-            how(m, **options if "mode" in options or "backend" in options else
-                dict(options, backend=backend or "inductor"))
+            how(m, **(options or dict(backend=backend or "inductor")))
         out.append(m)
     return out
 

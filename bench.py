@@ -42,7 +42,7 @@ from calibrate import graphs_for
 from decode import STRATEGIES, generate
 from prepare import TASKS, calibration_prompts, extract_answer, load_tasks
 from sol import GPU_MODEL, modelled_gpu_cost, speed_of_light as sol
-from speculate import check_settings
+from speculate import Settings
 from variants import simsd as simsd_generate
 from spiffy import DRAFT_BUDGET, spiffy_generate
 from counts import counting
@@ -97,7 +97,7 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     if base in ("sdar", "plain"):
         run = lambda ids, n: generate(target, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
     elif base in SIMSD:
-        run = lambda ids, n: simsd_generate(target, drafter, ids, n, rule, generator=seeded(), walk=fast.walk, **simsd, **SIMSD[base])
+        run = lambda ids, n: simsd_generate(target, drafter, ids, n, rule, generator=seeded(), draft=fast.draft, walk=fast.walk, **simsd, **SIMSD[base])
     else:
         graph = graphs(rule)
         run = lambda ids, n: counting(spiffy_generate)(target, ids, n, rule, graph, draft_budget, generator=seeded(), walk=fast.walk,
@@ -194,7 +194,7 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
                    dict(drafter=DRAFTED, lookup_n=[m for m in SIMSD if "lookup" in m], sweep=SWEPT.get(flags["sweep"], [*SIMSD, "spiffy"]),
                         ablate=["simsd-paper"], draft_budget=["spiffy"], gate=["simsd-gated"], draft_threshold=own_drafts,
                         draft_stop=own_drafts, draft_steps=DRAFTED, lookahead=[m for m in SIMSD if m not in TEMPORAL]), **flags)
-    check_settings("copies", flags["lookahead"] or 0, 1, 1, None, None, True, "tau")
+    Settings(lookahead=flags["lookahead"]).check()
     cli.check_unit(gate=flags["gate"], draft_threshold=flags["draft_threshold"], draft_stop=flags["draft_stop"])
     if out:
         util.check_writable(out, "--out")

@@ -19,7 +19,7 @@ import mask as masks
 import fast
 from decode import EB_THRESHOLD, STRATEGIES, DecodeRule, Session
 import variants
-from speculate import DRAFT_STOP, DRAFT_THRESHOLD, LOOKAHEAD, check_settings
+from speculate import DRAFT_STOP, DRAFT_THRESHOLD, LOOKAHEAD, Settings
 from variants import ACCEPTS, GATE, LOOKUP_N, REFERENCES
 from spiffy import DRAFT_BUDGET
 from tokenizer import check_same_tokenizer, load_tokenizer
@@ -375,8 +375,8 @@ def check_spec_flags(spec, block_size=None, **flags):
     if spec == "simsd":
         temporal = flags["verifier"] == "temporal"
         lookahead = (0 if temporal else LOOKAHEAD) if flags["lookahead"] is None else flags["lookahead"]
-        check_settings(flags["verifier"] or "copies", lookahead, flags["gamma"] or 1,
-                       flags.get("draft_steps") or 1, flags["draft_threshold"], flags["draft_stop"], True, "tau")
+        Settings(flags["verifier"] or "copies", lookahead, flags["gamma"], flags.get("draft_steps"),
+                 flags["draft_threshold"], flags["draft_stop"]).check()
         variants.check(temporal, flags["acceptance"] or "lossless", flags["reference"] or "drafter",
                        LOOKUP_N if flags["lookup_n"] is None else flags["lookup_n"], flags["gate"])
         check_reference_flags(**{k: flags.get(k) for k in ("reference", "lookup_n", "drafter", "draft_threshold",

@@ -1,7 +1,7 @@
 """Cost tables: how long a verification forward of n block copies takes, for one device, dtype,
 model shape and block size, measured once by an explicit command and saved next to the weights
-(like Spiffy's graphs). The decoders size their copies by it (speculate.worth_verifying,
-spiffy.draft_copies) and never time anything themselves, so the same prompt, settings and table
+(like Spiffy's graphs). The decoders size their copies by it (fast.sized, through
+fast.cutter) and never time anything themselves, so the same prompt, settings and table
 give the same tokens, forwards and stats on every run. Without a table every copy a proposer
 makes is verified (its own budget: --gamma and --lookahead, or D*).
 

@@ -2,6 +2,7 @@
 spiffy) imports this module. The command lines compose them; each gives the core's tokens and
 forwards (tests/test_fast.py).
 
+- draft: SimSD's drafter loop with ONE host sync a round (speculate.draft's drafts).
 - walk: the verification walk with ONE host sync a round, for a rule whose step depends on
   nothing but the state and its logits (every copy is stepped at once); else verify.walk.
 - cutter: the copies a round verifies, cut to a row cap (a GPU's static buckets) and sized by
@@ -10,10 +11,14 @@ forwards (tests/test_fast.py).
   to a power of two of rows, so each length compiles once.
 - compile_dynamic: torch.compile with dynamic shapes (the CPU's --compile): a graph a mask kind.
 """
+from itertools import accumulate
+
 import torch
 import torch.nn.functional as F
 
+import mask as masks
 from decode import to_device, to_host
+from speculate import Draft
 from verify import Guesses, Walk, no_extra
 from verify import walk as walk_stepwise
 
@@ -23,6 +28,44 @@ STATIC_ROWS = 512   # static shapes: the most query rows a forward (a larger one
 def first_true(flags):
     """Index of the first True along the last dim of a bool tensor; its length if none."""
     return torch.cat([flags, flags.new_ones(*flags.shape[:-1], 1)], -1).int().argmax(-1)
+
+
+def draft(sess, front, rule, s, ahead, stops, generator=None):
+    """speculate.draft's Draft with ONE host sync: every decision stays on the device, so it
+    runs a fixed number of forwards, min(steps, masks in the window); once the drafter stops
+    (gamma, `stop`, a stop id), its steps reveal nothing. Ranks stand for the sort by
+    confidence, and each position's step label and rank give the draft order."""
+    B, mask_id, W = rule.block_size, rule.mask_id, (1 + ahead) * rule.block_size
+    steps, threshold, stop, gamma = s.draft_steps, s.draft_threshold, s.draft_stop, s.gamma
+    window = torch.cat([front.block, front.block.new_full((ahead * B,), mask_id)])
+    pos = front.pos[0] + torch.arange(W, device=window.device)
+    block_of = torch.arange(W, device=window.device) // B
+    tau, key = torch.zeros_like(window), torch.zeros_like(window)    # step label, draft order
+    p_at, alive = None, torch.ones((), dtype=torch.bool, device=window.device)
+    ends = to_device(sorted(stops), window.device)
+    for t in range(1, min(steps, front.n_masked + ahead * B) + 1):
+        logits = sess.forward(window, pos, lambda prefix, _: masks.block_causal(B, prefix), keep=W)
+        masked = window == mask_id
+        active = masked.view(-1, B).any(-1).int().argmax()     # the first block with a mask
+        alive &= ~(torch.isin(window, ends) & (block_of < active)).any()
+        can = masked & (block_of == active) & alive
+        conf = rule.best(logits)[1].masked_fill(~can, -1.0)
+        rank = conf.sort(descending=True, stable=True).indices.argsort()  # each position's
+        n = (conf > threshold).sum().clamp(min=1) if threshold else torch.ones_like(active)
+        reveal = can & (rank < torch.minimum(n, gamma - (tau > 0).sum()))
+        p, tok = rule.probs(logits), rule.pick(logits, generator)[0]
+        window = torch.where(reveal, tok, window)
+        tau, key = torch.where(reveal, t, tau), torch.where(reveal, t * W + rank, key)
+        p_at = p if p_at is None else torch.where(reveal[:, None], p, p_at)
+        if stop:                                   # the best confidence left, below `stop`
+            best_left = conf.masked_fill(reveal, -1.0).amax()
+            alive &= (best_left < 0) | (best_left >= stop)
+    reach = p_at.gather(-1, window[:, None]).squeeze(-1)
+    tokens, tau, key, reach = to_host(window, tau, key, reach)          # the one host sync
+    at = sorted((i for i in range(W) if tau[i]), key=key.__getitem__)
+    reach = list(accumulate((reach[i] for i in at), lambda a, b: a * b))   # p_draft's product
+    return Draft(at, [tokens[i] for i in at], [tau[i] for i in at],
+                 p_at[to_device(at, window.device)], reach)
 
 
 def greedy_fixed_quota(rule):

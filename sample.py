@@ -60,8 +60,8 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
         run = lambda ids, n, rule=rule, **kw: generate(model, ids, n, rule, **kw)
     elif spec == "simsd":
         drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype)
-        run = partial(simsd, model, drf, rule=rule, reference=reference or "drafter", walk=fast.walk,
-                      cut=fast.cutter(cost, rows, rule.block_size))
+        run = partial(simsd, model, drf, rule=rule, reference=reference or "drafter", draft=fast.draft,
+                      walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size))
     else:
         g = load_graph(graph or graph_path(target, rule), rule)
         run = lambda ids, n, rule=rule, **kw: counting(spiffy_generate)(

@@ -1,21 +1,17 @@
 """SimSD: speculative decoding of a block-diffusion LM with a small drafter dLLM.
 
 docs/design.md, section 3 (after the SimSD paper). Each round of the loop (decode.round_loop):
-  draft   the drafter decodes the open block, and up to `lookahead` blocks past it, for a
-          fixed number of its own steps, every decision on the device (draft). Each drafted
-          token d_i keeps its step label tau(i) and its draft distribution p_draft(i).
-  verify  lossless (the default): the drafter's states (after each draft, or each step of a
-          several-token rule) as block copies in ONE target forward, the target's own rule
-          walked through them (verify.py): plain decoding's output, token for token in fp32.
+  draft   the drafter decodes the open block and up to `lookahead` blocks past it (draft), each
+          drafted token d_i with its step label tau(i) and its distribution p_draft(i).
+  verify  lossless (the default): the drafter's states as block copies in ONE target forward,
+          the target's own rule walked through them (verify.py): plain decoding's tokens, fp32.
           temporal (the paper's): ONE forward over [data section | mask section] under the
-          token-level temporal mask, slots at their tokens' RoPE positions (verify_temporal),
-          the drafts accepted along tau (accept_temporal): greedy or sampled; not lossless.
-variants.py: the drafter-free references and the ablations; fast.py: the speed devices.
-
-    python sample.py --spec simsd                  # on the embedded models
+          token-level temporal mask (verify_temporal), the drafts accepted along tau
+          (accept_temporal), greedy or sampled; not lossless.
+`sample.py --spec simsd` runs simsd_generate with fast.draft and fast.walk (draft and verify.walk
+with one host sync a round). variants.py: SimSD without a drafter; the ablations.
 """
-from itertools import accumulate
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -38,62 +34,105 @@ class Draft:
     reach: list = None             # p_draft's running product: the odds of reaching each
 
 
-def draft(sess, front, rule, steps, ahead, threshold, stop, gamma, stops, generator=None):
-    """The drafter's decoding of the open block and `ahead` blocks past it: `steps` forwards
-    over the window, each revealing, in the first block with a mask left, its most confident
-    position and every other above `threshold` (where it drafts never depends on the draw: the
-    proposal there is exactly p_draft); it stops once the best confidence left is below `stop`,
-    after `gamma` drafts, or past a block holding a `stops` id. -> Draft, ONE host sync."""
-    B, mask_id, W = rule.block_size, rule.mask_id, (1 + ahead) * rule.block_size
-    window = torch.cat([front.block, front.block.new_full((ahead * B,), mask_id)])
-    pos = front.pos[0] + torch.arange(W, device=window.device)
-    block_of = torch.arange(W, device=window.device) // B
-    tau, key = torch.zeros_like(window), torch.zeros_like(window)    # step label, draft order
-    p_at, alive = None, torch.ones((), dtype=torch.bool, device=window.device)
-    ends = to_device(sorted(stops), window.device)
-    for t in range(1, min(steps, front.n_masked + ahead * B) + 1):
-        logits = sess.forward(window, pos, lambda c, k: masks.block_causal(B, c), keep=W)
-        masked = window == mask_id
-        active = masked.view(-1, B).any(-1).int().argmax()     # the first block with a mask
-        alive &= ~(torch.isin(window, ends) & (block_of < active)).any()
-        can = masked & (block_of == active) & alive
-        conf = rule.best(logits)[1].masked_fill(~can, -1.0)
-        rank = conf.sort(descending=True, stable=True).indices.argsort()  # each position's
-        n = (conf > threshold).sum().clamp(min=1) if threshold else torch.ones_like(active)
-        reveal = can & (rank < torch.minimum(n, gamma - (tau > 0).sum()))
-        p, tok = rule.probs(logits), rule.pick(logits, generator)[0]
-        window = torch.where(reveal, tok, window)
-        tau, key = torch.where(reveal, t, tau), torch.where(reveal, t * W + rank, key)
-        p_at = p if p_at is None else torch.where(reveal[:, None], p, p_at)
-        if stop:                                   # the best confidence left, below `stop`
-            best_left = conf.masked_fill(reveal, -1.0).amax()
-            alive &= (best_left < 0) | (best_left >= stop)
-    reach = p_at.gather(-1, window[:, None]).squeeze(-1)
-    tokens, tau, key, reach = to_host(window, tau, key, reach)          # the one host sync
-    at = sorted((i for i in range(W) if tau[i]), key=key.__getitem__)
-    reach = list(accumulate((reach[i] for i in at), lambda a, b: a * b))   # p_draft's product
-    return Draft(at, [tokens[i] for i in at], [tau[i] for i in at],
-                 p_at[to_device(at, window.device)], reach)
+@dataclass
+class Settings:
+    """SimSD's settings (sample.py's flags of the same names; None: a default by block size),
+    then the parts fast.py and variants.py swap in (None: this file's, or nothing)."""
+    verifier: str = "copies"     # "copies": lossless; "temporal": the paper's (verify_temporal)
+    lookahead: int = None        # blocks past the open one a round drafts (copies: LOOKAHEAD)
+    gamma: int = None            # the most drafts a round (default: the whole window)
+    draft_steps: int = None      # drafter forwards a round (DRAFT_STEPS; no threshold: gamma)
+    draft_threshold: float = DRAFT_THRESHOLD   # a drafter step reveals every one above it,
+    draft_stop: float = DRAFT_STOP             # and stops once the best left is below this
+    rope_copy: bool = True       # temporal: slots at their tokens' RoPE positions (ablation)
+    fuse_commit: bool = True     # decode.Session's
+    draft: callable = None       # the drafter's loop (None: draft; fast.draft: one host sync)
+    walk: callable = walk        # the lossless walk (fast.walk: the same, one host sync)
+    cut: callable = None         # Guesses -> the copies verified (fast.cutter)
+    propose: callable = None     # (front, blocks ahead) -> Draft, instead of a drafter
+    extra: callable = no_extra   # the walk's extra rows (variants.best_token_ranks)
+    accept: callable = None      # an acceptance on the copies instead of the walk
+
+    def for_block(self, B):
+        """These settings with the defaults for block size B filled in, checked."""
+        k, gamma, steps = self.lookahead, self.gamma, self.draft_steps
+        k = (0 if self.verifier == "temporal" else LOOKAHEAD) if k is None else k
+        gamma = B * (1 + k) if gamma is None else gamma
+        if steps is None:     # one token a step (no draft_threshold): gamma steps, the paper's
+            steps = DRAFT_STEPS.get(B, 1) if self.draft_threshold else gamma
+        return replace(self, lookahead=k, gamma=gamma, draft_steps=steps).check()
+
+    def check(self):
+        """Refuse settings that are unknown or that the verifier cannot honour. -> self."""
+        k, g, n, v = self.lookahead, self.gamma, self.draft_steps, self.verifier
+        if v not in ("copies", "temporal") or not (v == "temporal" or self.rope_copy):
+            raise ValueError(f"unknown verifier (--verify) {v!r} (copies or temporal),"
+                             " or the rope-copy ablation, for the temporal verifier only")
+        if k is not None and (type(k) is not int or k < 0 or k and v == "temporal"):
+            raise ValueError(f"--lookahead must be an int >= 0 (0 with --verify temporal): {k!r}")
+        if any(x is not None and x < 1 for x in (g, n)):
+            raise ValueError(f"gamma and --draft-steps must be >= 1, got {g} and {n}")
+        if not all(x is None or 0 < x <= 1 for x in (self.draft_threshold, self.draft_stop)):
+            raise ValueError(f"draft_threshold and draft_stop must be in (0, 1]: "
+                             f"{self.draft_threshold}, {self.draft_stop}")
+        return self
+
+
+def draft(sess, front, rule, s, ahead, stops, generator=None):
+    """The drafter decodes the open block, then up to `ahead` blocks past it, in at most
+    s.draft_steps forwards, each revealing in the first block with a mask its most confident
+    position and every other above s.draft_threshold, with the tokens drawn (the proposal is
+    exactly p_draft: where it drafts never depends on the draw). It stops after s.gamma drafts,
+    when the best confidence left is below s.draft_stop, or past a block with a `stops` id.
+    -> Draft. A host sync a step; fast.draft: the same Draft with one a round."""
+    B, mask_id, gamma = rule.block_size, rule.mask_id, s.gamma
+    window = list(front.host) + [mask_id] * (ahead * B)      # all masks past the open block
+    pos = front.pos[0] + torch.arange(len(window), device=front.pos.device)
+    d, p_draft = Draft([], [], []), []
+    for t in range(1, s.draft_steps + 1):
+        if mask_id not in window or len(d.pos) == gamma:
+            break
+        b = window.index(mask_id) // B                       # the first block with a mask
+        if stops.intersection(window[:b * B]):               # past a block with a stop id
+            break
+        logits = sess.forward(to_device(window, pos.device), pos,
+                              lambda prefix, _: masks.block_causal(B, prefix), keep=len(window))
+        tokens, conf = to_host(rule.pick(logits, generator)[0], rule.best(logits)[1])
+        masked = sorted((i for i in range(b * B, b * B + B) if window[i] == mask_id),
+                        key=lambda i: -conf[i])              # most confident first
+        n = max(1, sum(conf[i] > s.draft_threshold for i in masked)) if s.draft_threshold else 1
+        n = min(n, gamma - len(d.pos))
+        probs = rule.probs(logits)
+        for i in masked[:n]:
+            window[i] = tokens[i]
+            d.pos.append(i), d.tokens.append(tokens[i]), d.tau.append(t), p_draft.append(probs[i])
+        if s.draft_stop and masked[n:] and conf[masked[n]] < s.draft_stop:
+            break
+    d.p_draft = torch.stack(p_draft)      # reach: the running product of p_draft(d_i)
+    p = d.p_draft.gather(-1, to_device(d.tokens, pos.device)[:, None])[:, 0]
+    d.reach, = to_host(p.double().cumprod(0))
+    return d
 
 
 def drafted_states(front, d, ahead, stops, mask_id, every=True):
-    """A Draft's states as verify.Guesses: the open block before the first draft and after
-    each (every), or after each drafter step (a rule that reveals several tokens a step
-    rarely stops inside one); a later block's from all masks, after the complete state of the
-    block before it; after a complete last state with no stop id, the next block's first."""
-    B, block, state = len(front.host), 0, None
-    rows = [(list(front.host), -1, 1.0, 0)]       # (state, parent, reach, drafts it holds)
+    """A Draft's states as verify.Guesses: the open block, then after each draft (every) or each
+    drafter step; a later block's from all masks, after (parent) the block before's complete
+    state; after a complete last one with no stop id and a block left, the next block's first."""
+    B = len(front.host)
+    states, parent, reach, drafted = [list(front.host)], [-1], [1.0], [0]
+
+    def add(state, after, odds, n):   # a copy of `state`, after copy `after`, holding n drafts
+        states.append(list(state)), parent.append(after), reach.append(odds), drafted.append(n)
+    state, block = list(front.host), 0
     for i, p in enumerate(d.pos):
-        if p // B > block:                     # on into the next block, after its complete copy
-            block = p // B
-            rows.append(([mask_id] * B, len(rows) - 1, rows[-1][2], i))
-        state = list(rows[-1][0]) if rows[-1][3] == i else state
+        if p // B > block:                   # on into the next block, after its complete copy
+            block, state = p // B, [mask_id] * B
+            add(state, len(states) - 1, reach[-1], i)
         state[p % B] = d.tokens[i]
         if every or i + 1 == len(d.pos) or d.tau[i + 1] != d.tau[i]:
-            rows.append((state, rows[-1][1], d.reach[i] if d.reach else 1.0, i + 1))
-    if mask_id not in rows[-1][0] and block < ahead and not stops.intersection(rows[-1][0]):
-        rows.append(([mask_id] * B, len(rows) - 1, rows[-1][2], len(d.pos)))
-    states, parent, reach, drafted = map(list, zip(*rows))
+            add(state, parent[-1], d.reach[i] if d.reach else 1.0, i + 1)
+    if mask_id not in states[-1] and block < ahead and not stops.intersection(states[-1]):
+        add([mask_id] * B, len(states) - 1, reach[-1], len(d.pos))
     copies = to_device(states, front.block.device) if len(states) > 1 else front.block[None]
     return Guesses(copies, [s.count(mask_id) for s in states],
                    parent if max(parent) >= 0 else None, reach, drafted)
@@ -102,9 +141,9 @@ def drafted_states(front, d, ahead, stops, mask_id, every=True):
 def verify_temporal(sess, front, d, rule, rope_copy=True):
     """The paper's verifier: ONE target forward over [data section | mask section] under the
     token-level temporal mask (mask.simsd_temporal): known and drafted tokens as data, a mask
-    slot for each drafted position with its step, and one for each undrafted masked position
-    after every step, at its data token's RoPE position (rope_copy; the ablation continues
-    the sequence after the block). -> (slots, V) logits, the drafts' first, in draft order."""
+    slot for each draft with its step and one for each undrafted position after every step, at
+    its token's RoPE position (rope_copy; the ablation puts the slots after the block). ->
+    (slots, V) logits, the drafts' first, in draft order."""
     host, mask_id, B = front.host, rule.mask_id, rule.block_size
     known = [i for i, t in enumerate(host) if t != mask_id]
     rest = undrafted(front, d, mask_id)
@@ -116,8 +155,8 @@ def verify_temporal(sess, front, d, rule, rope_copy=True):
     at = [*data, *slots] if rope_copy else [*data, *range(B, B + len(slots))]
     (step, is_slot), (tokens, at) = (to_device(x, front.block.device) for x in
                                      ([step, is_slot], [tokens, at]))
-    return sess.forward(tokens, front.pos[0] + at, lambda c, n: masks.simsd_temporal(
-        c, n, step, is_slot.bool()), keep=len(slots))
+    return sess.forward(tokens, front.pos[0] + at, lambda prefix, n_commit: masks.simsd_temporal(
+        prefix, n_commit, step, is_slot.bool()), keep=len(slots))
 
 
 def agree(p_target, d, rule, generator=None):
@@ -141,10 +180,9 @@ def correct(p_target, p_draft, rule, generator=None):
 
 
 def accept_temporal(logits, front, d, rule, generator=None):
-    """The paper's acceptance along the step map: the drafts are accepted in draft order while
-    the target agrees; the first rejected one gets the target's correction; if every one is
-    accepted and masks remain, the target reveals its most confident undrafted position (a
-    bonus). -> (the new block, drafts accepted), still on the device."""
+    """The paper's acceptance: the drafts in draft order while the target agrees; the first one
+    rejected gets the target's correction; if all are accepted and masks remain, the target
+    reveals its most confident undrafted position (a bonus). -> (new block, drafts accepted)."""
     n, block = len(d.pos), front.block.clone()
     p_target = rule.probs(logits)                                    # (slots, V)
     ok = agree(p_target[:n], d, rule, generator)
@@ -166,101 +204,64 @@ def undrafted(front, d, mask_id):
     return [i for i, t in enumerate(front.host) if t == mask_id and i not in d.pos]
 
 
-def temporal_round(sess, propose, rule, rope_copy, order, generator, counts, extra):
-    """A round of the paper's own path: propose(front, 0) -> a Draft of the open block;
-    verify_temporal; accept_temporal. order="position": the paper's ablation, the drafts
-    revealed left to right, one a step. extra: verify.walk's, on the slots' logits."""
-    def round_(front, left):
-        d = propose(front, 0)
-        if order == "position":          # left to right, one a step
-            by = sorted(range(len(d.pos)), key=d.pos.__getitem__)
-            d = Draft(sorted(d.pos), [d.tokens[i] for i in by], [i + 1 for i in range(len(by))],
-                      d.p_draft[to_device(by, front.block.device)], d.reach)
-        logits = verify_temporal(sess, front, d, rule, rope_copy)
+def temporal_round(sess, rule, s, generator, counts):
+    """The paper's round: s.propose(front, 0) -> a Draft of the open block; verify_temporal;
+    accept_temporal (s.extra: verify.walk's, on the slots' logits)."""
+    def one_round(front, tokens_left):
+        d = s.propose(front, 0)
+        logits = verify_temporal(sess, front, d, rule, s.rope_copy)
         block, k = accept_temporal(logits, front, d, rule, generator)
         slots = d.pos + undrafted(front, d, rule.mask_id)      # the slots by position:
         by_position = to_device(sorted(range(len(slots)), key=slots.__getitem__), block.device)
-        more = extra(logits[by_position], front.block[None], block[None])
+        more = s.extra(logits[by_position], front.block[None], block[None])
         host, k, *ranks = to_host(block, k, *more)
         if counts is not None:
             counts.ended(k, "every draft accepted" if k == len(d.pos) else "draft rejected")
         return Advance([], Frontier(block, front.pos, host.count(rule.mask_id), host,
                                     front.step + 1, tuple(h[0] for h in ranks)))
-    return round_
+    return one_round
 
 
-def copies_round(sess, propose, rule, ahead, stops, generator, counts, extra, walk, cut, accept):
-    """A round of the lossless path: propose(front, ahead) -> a Draft; its states as block
-    copies (drafted_states), cut(guesses) -> those verified (None: all), in ONE forward, the
-    rule walked through them. accept: an ablation's acceptance instead of the walk."""
-    every = accept is not None or rule.strategy not in ("low_confidence_dynamic", "entropy_bounded")
+def copies_round(sess, rule, s, stops, generator, counts):
+    """The lossless round: s.propose(front, blocks ahead) -> a Draft, its states as copies
+    (drafted_states), s.cut of them verified in ONE forward and walked (s.walk or s.accept)."""
+    every = bool(s.accept) or rule.strategy not in ("low_confidence_dynamic", "entropy_bounded")
 
-    def guesses(front, left):
-        ahead_ = min(ahead, max(0, -(-left // rule.block_size)))     # blocks left to decode
-        d = propose(front, ahead_)
-        return d, drafted_states(front, d, ahead_, stops, rule.mask_id, every)
-    if accept is not None:                   # (every drafted state verified: no cut)
-        def round_(front, left):
-            d, g = guesses(front, left)
-            return accept(verify_copies(sess, g, front.pos), g, d, front, rule, generator, counts)
-        return round_
-    return lossless_round(sess, rule, lambda front, left: (cut or (lambda g: g))(
-        guesses(front, left)[1]), generator, extra, walk, counts)
+    def guesses(front, tokens_left):
+        blocks = min(s.lookahead, max(0, -(-tokens_left // rule.block_size)))   # left to decode
+        d = s.propose(front, blocks)
+        return d, drafted_states(front, d, blocks, stops, rule.mask_id, every)
+    if s.accept is not None:                   # (every drafted state verified: no cut)
+        def one_round(front, tokens_left):
+            d, g = guesses(front, tokens_left)
+            return s.accept(verify_copies(sess, g, front.pos), g, d, front, rule, generator, counts)
+        return one_round
+    return lossless_round(sess, rule, lambda front, left: (s.cut or (lambda g: g))(
+        guesses(front, left)[1]), generator, s.extra, s.walk, counts)
 
 
 @torch.no_grad()
-def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, verifier="copies",
-                   draft_steps=None, draft_threshold=DRAFT_THRESHOLD,
-                   draft_stop=DRAFT_STOP, gamma=None, lookahead=None, rope_copy=True, order="tau",
-                   fuse_commit=True, eos_id=None, generator=None, on_block=None, counts=None,
-                   walk=walk, cut=None, propose=None, extra=no_extra, accept=None):
+def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, settings=Settings(),
+                   eos_id=None, generator=None, on_block=None, counts=None):
     """SimSD decoding; decode.generate's arguments and output, plus: drafter, a Transformer of
-    the target's vocabulary; verifier: "copies" (lossless) or "temporal" (the paper's);
-    draft_steps, draft_threshold, draft_stop, gamma: `draft`'s; lookahead: blocks past the
-    open one a round may draft (copies only); rope_copy, order: the temporal path's ablations;
-    counts: a counts.Counts. Speed devices (fast.py): walk, cut. Variants (variants.py):
-    propose(front, ahead) -> Draft instead of the drafter, extra (walk's), accept (on copies)."""
+    the target's vocabulary (None: settings.propose); counts: a counts.Counts, told each round."""
     c = target.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
-    B, temporal = rule.block_size, verifier == "temporal"
-    lookahead = (0 if temporal else LOOKAHEAD) if lookahead is None else lookahead
-    gamma = B * (1 + lookahead) if gamma is None else gamma
-    if draft_steps is None:      # one token a step (no draft_threshold): gamma steps, the paper's
-        draft_steps = DRAFT_STEPS.get(B, 1) if draft_threshold else gamma
-    check_settings(verifier, lookahead, gamma, draft_steps, draft_threshold, draft_stop, rope_copy,
-                   order)
+    B, s = rule.block_size, settings.for_block(rule.block_size)
     ids, stops = check_prompt(prompt, c, max_new_tokens), stop_ids(c, eos_id)
-    longest = len(ids) + max_new_tokens
-    drafts = (1 + lookahead) * B if propose else min(gamma, (1 + lookahead) * B)   # a copy each
-    sessions = [Session(target, B, longest + (drafts + lookahead + 5) * B, fuse_commit)]
-    if propose is None:
+    longest = len(ids) + max_new_tokens           # + the scratch: a round's copies or window
+    drafts = (1 + s.lookahead) * B if s.propose else min(s.gamma, (1 + s.lookahead) * B)
+    sessions = [Session(target, B, longest + (drafts + s.lookahead + 5) * B, s.fuse_commit)]
+    if s.propose is None:
         if ((d := drafter.config).vocab_size, d.mask_token_id) != (c.vocab_size, c.mask_token_id):
             raise ValueError("drafter and target differ in vocabulary size or mask token id")
-        sessions.append(Session(drafter, B, longest + (lookahead + 4) * B, fuse_commit))
+        sessions.append(Session(drafter, B, longest + (s.lookahead + 4) * B, s.fuse_commit))
         stream = torch.Generator(sessions[0].device).manual_seed(   # the drafter's own draws
             (generator or torch).initial_seed() + 1)
-        propose = lambda front, ahead: draft(sessions[1], front, rule, draft_steps, ahead,  # noqa
-                                             draft_threshold, draft_stop, gamma, stops, stream)
-    round_ = temporal_round(sessions[0], propose, rule, rope_copy, order, generator, counts,
-                            extra) if temporal else copies_round(
-        sessions[0], propose, rule, lookahead, stops, generator, counts, extra, walk, cut, accept)
-    out, run = round_loop(round_, sessions, ids, rule, max_new_tokens, stops, on_block)
-    return out, dict(run, lookahead=lookahead, nfe_draft=sum(s.nfe for s in sessions[1:]),
+        s.propose = lambda front, ahead: (s.draft or draft)(
+            sessions[1], front, rule, s, ahead, stops, stream)
+    one_round = temporal_round(sessions[0], rule, s, generator, counts) if s.verifier == \
+        "temporal" else copies_round(sessions[0], rule, s, stops, generator, counts)
+    out, run = round_loop(one_round, sessions, ids, rule, max_new_tokens, stops, on_block)
+    return out, dict(run, lookahead=s.lookahead, nfe_draft=sum(x.nfe for x in sessions[1:]),
                      rows_draft=dict(sessions[1].rows) if sessions[1:] else {})
-
-
-def check_settings(verifier, lookahead, gamma, steps, threshold, stop, rope_copy, order):
-    """Refuse settings that are unknown or that the chosen verifier cannot honour."""
-    if verifier not in ("copies", "temporal") or order not in ("tau", "position"):
-        raise ValueError(f"unknown verifier (--verify) {verifier!r} or order {order!r}: choose "
-                         "copies or temporal, tau or position")
-    if verifier == "copies" and (not rope_copy or order != "tau"):
-        raise ValueError("the rope-copy and order ablations apply to the temporal verifier only")
-    if type(lookahead) is not int or lookahead < 0:
-        raise ValueError(f"--lookahead must be an integer >= 0, got {lookahead!r}")
-    if lookahead and verifier == "temporal":
-        raise ValueError("--lookahead needs --verify copies: the temporal mask verifies one block")
-    if gamma < 1 or steps < 1:
-        raise ValueError(f"gamma and --draft-steps must be >= 1, got {gamma} and {steps}")
-    if not all(x is None or 0 < x <= 1 for x in (threshold, stop)):
-        raise ValueError(f"draft_threshold and draft_stop must be in (0, 1]: {threshold}, {stop}")

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from decode import (Advance, DecodeRule, Frontier, packed_index, stop_ids,
                     to_device, to_host)
 from counts import counting
-from speculate import Draft, agree, correct, simsd_generate
+from speculate import Draft, Settings, agree, correct, draft, simsd_generate
 from fast import first_true
 from verify import no_extra
 
@@ -168,34 +168,57 @@ def ended_in(parent, c):
 
 
 def simsd(target, drafter, prompt, max_new_tokens=64, rule=None, acceptance="lossless",
-          reference="drafter", lookup_n=LOOKUP_N, gate=GATE, **kw):
+          reference="drafter", lookup_n=LOOKUP_N, gate=GATE, order="tau", eos_id=None,
+          generator=None, on_block=None, **settings):
     """speculate.simsd_generate with the command lines' names: acceptance ("lossless", or on
     copies "paper" or "gated"; the temporal verifier's is always the paper's), reference
-    ("drafter", "trajectory", or "lookup" up to lookup_n-grams: no drafter); its rounds counted
-    (counts.py)."""
-    temporal = kw.get("verifier") == "temporal"
-    check(temporal, acceptance, reference, lookup_n, gate)
+    ("drafter", "trajectory", or "lookup" up to lookup_n-grams: no drafter), order ("tau", or
+    the temporal path's ablation "position"); settings: speculate.Settings' fields. Its rounds
+    counted (counts.py)."""
+    s = Settings(**settings)
+    temporal = s.verifier == "temporal"
+    check(temporal, acceptance, reference, lookup_n, gate, order)
     check_drafter(reference, drafter, target.config)
     rule = rule or DecodeRule(target.config.mask_token_id, target.config.block_size)
-    stops, device = stop_ids(target.config, kw.get("eos_id")), target.embed.weight.device
+    stops, device = stop_ids(target.config, eos_id), target.embed.weight.device
     if reference == "trajectory":
-        kw["propose"] = lambda front, ahead: trajectory(front, rule, ahead)
+        s.propose = lambda front, ahead: trajectory(front, rule, ahead)
     elif reference == "lookup":
-        kw["propose"] = lambda front, ahead: lookup_draft(front, rule, lookup_n, ahead, stops,
-                                                          by_confidence=not temporal)
+        s.propose = lambda front, ahead: lookup_draft(front, rule, lookup_n, ahead, stops,
+                                                      by_confidence=not temporal)
     if reference != "drafter":
-        kw["extra"] = no_extra if reference == "lookup" and temporal else best_token_ranks(rule)
-    if reference != "drafter" and temporal:
-        source, vocab = kw["propose"], target.config.vocab_size
-        kw["propose"] = lambda front, ahead: one_hot_draft(source(front, ahead), vocab, device)
+        s.extra = no_extra if reference == "lookup" and temporal else best_token_ranks(rule)
+    if reference != "drafter" and temporal:          # a point proposal, as the paper reads it
+        s.propose = then(s.propose, lambda d: one_hot_draft(d, target.config.vocab_size, device))
+    if order == "position" and s.propose:            # the drafts left to right, one a step
+        s.propose = then(s.propose, by_position)
+    elif order == "position":
+        s.draft = then(s.draft or draft, by_position)
     if acceptance in ("paper", "gated") and not temporal:
-        kw["accept"] = on_copies(acceptance, gate)
-    out, stats = counting(simsd_generate)(target, drafter, prompt, max_new_tokens, rule, **kw)
+        s.accept = on_copies(acceptance, gate)
+    out, stats = counting(simsd_generate)(target, drafter, prompt, max_new_tokens, rule, s,
+                                          eos_id=eos_id, generator=generator, on_block=on_block)
     return out, dict(stats, reference=reference)
 
 
-def check(temporal, acceptance, reference, lookup_n, gate):
+def then(f, g):
+    """f, then g on its result."""
+    return lambda *args: g(f(*args))
+
+
+def by_position(d):
+    """The paper's order ablation: d's drafts revealed left to right, one a step."""
+    by = sorted(range(len(d.pos)), key=d.pos.__getitem__)
+    return Draft(sorted(d.pos), [d.tokens[i] for i in by], list(range(1, len(by) + 1)),
+                 d.p_draft[to_device(by, d.p_draft.device)], d.reach)
+
+
+def check(temporal, acceptance, reference, lookup_n, gate, order="tau"):
     """Refuse the variants' settings that are unknown or that cannot go together."""
+    if order not in ("tau", "position"):
+        raise ValueError(f"unknown order {order!r}: choose tau or position")
+    if order != "tau" and not temporal:
+        raise ValueError("the order ablation applies to the temporal verifier only")
     if reference not in REFERENCES:
         raise ValueError(f"unknown --reference {reference!r}; choose from {', '.join(REFERENCES)}")
     if acceptance not in ACCEPTS:

@@ -42,8 +42,7 @@ def verify_copies(sess, g, pos):
 def lineage(parent, at_least=16):
     """parent (Guesses') -> each copy's depth (blocks past the open one), and sees[q][k]: copy
     q sees copy k (itself or a block it continues), at least 16 x 16 (one shape to compile)."""
-    n = len(parent)
-    size = max(n, at_least)
+    n, size = len(parent), max(len(parent), at_least)
     depth, sees = [0] * n, [[0] * size for _ in range(size)]
     for i in range(n):
         a = i

@@ -11,7 +11,7 @@ function that does it, here only: the decoders themselves time nothing.
   hint              what the next round's guesses are read from (spiffy.ranks,
                     DecodeRule.best for the drafter-free references; inside the rule,
                     where a greedy step picks its tokens with it, the rule's)
-  proposing         the guesses: the drafter's loop around its forwards (speculate.draft),
+  proposing         the guesses: the drafter's loop around its forwards (fast.draft),
                     Spiffy's graph (draft_copies), trajectory / lookup, the drafted states
   loop, rest        everything else: the round loop, commits, stop checks, masks, positions
 
@@ -105,7 +105,7 @@ timed(decode.DecodeRule, "__call__", "rule")
 timed(fast, "walk", "walk")
 timed(spiffy, "ranks", "hint")
 timed(decode.DecodeRule, "best", lambda a: "rule" if stack and stack[-1][0] == "rule" else "hint")
-for owner, name in ((speculate, "draft"), (spiffy, "draft_copies"), (variants, "trajectory"),
+for owner, name in ((fast, "draft"), (spiffy, "draft_copies"), (variants, "trajectory"),
                     (variants, "lookup_draft"), (speculate, "drafted_states")):
     timed(owner, name, "proposing")
 PARTS = ("target forwards", "drafter forwards", "rule", "walk", "hint", "proposing")
@@ -113,15 +113,15 @@ PARTS = ("target forwards", "drafter forwards", "rule", "walk", "hint", "proposi
 for B in sizes:
     rule = cli.make_rule(target, B, cli.THRESHOLD)
     cut = fast.cutter(costs.cost_model(cli.DEFAULT_TARGET, target, B, None)[0], None, B)
-    kw = dict(cut=cut, walk=fast.walk)
+    kw, simsd = dict(cut=cut, walk=fast.walk), dict(cut=cut, draft=fast.draft, walk=fast.walk)
     graph = calibrate.load_graph(calibrate.graph_path(cli.DEFAULT_TARGET, rule), rule)
     methods = {
         "threshold": lambda ids: decode.generate(target, ids, 64, rule),
-        "--spec simsd": lambda ids: variants.simsd(target, drafter, ids, 64, rule, **kw),
+        "--spec simsd": lambda ids: variants.simsd(target, drafter, ids, 64, rule, **simsd),
         "--spec spiffy": lambda ids: spiffy.spiffy_generate(target, ids, 64, rule, graph, **kw),
         "trajectory": lambda ids: variants.simsd(target, None, ids, 64, rule, reference="trajectory",
-                                                 **kw),
-        "lookup": lambda ids: variants.simsd(target, None, ids, 64, rule, reference="lookup", **kw)}
+                                                 **simsd),
+        "lookup": lambda ids: variants.simsd(target, None, ids, 64, rule, reference="lookup", **simsd)}
     total, tokens = defaultdict(float), defaultdict(int)
     for warm in (True, False):
         T.clear(), N.clear(), OPS.clear()

@@ -21,7 +21,7 @@ from conftest import make_model
 import fast
 from decode import DecodeRule, generate
 from checkpoint import PRESETS
-from speculate import simsd_generate
+from speculate import Settings, simsd_generate
 from calibrate import calibrate
 from spiffy import spiffy_generate
 
@@ -43,9 +43,9 @@ def test_compiled_decoding_does_not_recompile_after_warm_up(method, static):
 
     def run(t, d, ids):
         if method == "simsd":
-            return simsd_generate(t, d, ids, 12, rule, eos_id=-1, lookahead=2)[0]   # across blocks
+            return simsd_generate(t, d, ids, 12, rule, Settings(lookahead=2), eos_id=-1)[0]   # across blocks
         if method == "simsd-temporal":     # its sections vary in length: padded to 2B
-            return simsd_generate(t, d, ids, 12, rule, verifier="temporal", eos_id=-1)[0]
+            return simsd_generate(t, d, ids, 12, rule, Settings(verifier="temporal"), eos_id=-1)[0]
         if method == "spiffy":
             return spiffy_generate(t, ids, 12, rule, graph, 4, eos_id=-1)[0]
         return generate(t, ids, 12, rule, eos_id=-1)[0]
@@ -98,7 +98,7 @@ def test_dynamic_compiling_keeps_every_graph_of_a_bench_run(compile_):
     for b in (4, 8, 32):
         rule = DecodeRule(MASK_ID, b, strategy="low_confidence_dynamic", threshold=0.6)
         for n in (3, 9):
-            simsd_generate(target, drafter, prompt(n), 2 * b, rule, eos_id=-1, lookahead=1)
+            simsd_generate(target, drafter, prompt(n), 2 * b, rule, Settings(lookahead=1), eos_id=-1)
     logging.getLogger("torch._dynamo").removeHandler(hits)
     assert bool(hits.hits) == (compile_ == "torch")
 

@@ -32,6 +32,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fast  # noqa: E402
 from conftest import make_model  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
 from checkpoint import PRESETS  # noqa: E402
@@ -89,7 +90,7 @@ def run(s):
         verifier = "temporal" if accept == "temporal" else "copies"
         out, st = simsd_generate(target, drafter, s["prompt"], s["max_new"], rule, verifier=verifier,
                                  acceptance="paper" if verifier == "temporal" else accept,
-                                 lookahead=s["lookahead"], **kw)
+                                 lookahead=s["lookahead"], draft=fast.draft, **kw)
     counts = {k: st[k] for k in KEYS if k in st}
     return out, json.loads(json.dumps(counts))    # (int keys of dicts as JSON has them)
 

@@ -15,17 +15,17 @@ import torch
 
 import fast
 from conftest import make_model
-from decode import DecodeRule, generate
+from decode import DecodeRule, Frontier, Session, generate
 from model import Transformer
 from checkpoint import PRESETS
 import speculate
+import variants
 from calibrate import calibrate
 import spiffy
 from counts import counting
 from test_lookahead import pair
 from test_syncs import SyncCounter
 
-simsd_generate = counting(speculate.simsd_generate)     # with their rounds counted
 spiffy_generate = counting(spiffy.spiffy_generate)
 
 MASK_ID, NO_EOS = PRESETS["tiny"]["mask_token_id"], -1
@@ -53,7 +53,7 @@ def test_the_one_sync_walk_changes_no_token_and_no_count(rule_name, temperature,
     fewer = 0
     for n in (3, 9, 14):
         for run in (lambda **kw: spiffy_generate(target, prompt(n), 32, rule, graph, eos_id=NO_EOS, **kw),
-                    lambda **kw: simsd_generate(target, drafter, prompt(n), 32, rule, eos_id=NO_EOS, **kw)):
+                    lambda **kw: variants.simsd(target, drafter, prompt(n), 32, rule, eos_id=NO_EOS, **kw)):
             runs = []
             for walk in (None, fast.walk):
                 with SyncCounter(monkeypatch) as syncs:
@@ -65,6 +65,41 @@ def test_the_one_sync_walk_changes_no_token_and_no_count(rule_name, temperature,
             assert quick_syncs <= core_syncs
             fewer += quick_syncs < core_syncs
     assert fewer or not fast.greedy_fixed_quota(rule), "vacuous: the one-sync walk saved no sync"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_the_one_sync_draft_drafts_what_the_drafters_loop_drafts(temperature):
+    """fast.draft == speculate.draft, call by call: the same positions, tokens, step labels,
+    p_draft and reach, from open blocks with known positions or not, with blocks ahead or not,
+    and every way the drafter stops (its steps, gamma, draft_stop, a stop id). The loop runs a
+    forward a drafting step; the device form min(steps, masks in the window)."""
+    B = 4
+    drafter = make_model(n_layer=1, block_size=B, seed=5)
+    rule = DecodeRule(MASK_ID, B, temperature=temperature)
+    stopped = set()
+    for known, ahead in ((0, 0), (2, 0), (0, 2), (1, 1)):
+        host = prompt(9)[:known] + [MASK_ID] * (B - known)
+        front = Frontier(torch.tensor(host), torch.arange(8, 8 + B), B - known, host)
+        for case, (steps, threshold, stop, gamma, stop_id) in enumerate((
+                (12, None, None, 12, False), (3, 1e-9, None, 12, False), (12, 0.02, None, 5, False),
+                (12, None, 0.5, 12, False), (12, None, None, 12, True))):
+            drafts = []
+            for draft in speculate.draft, fast.draft:
+                sess = Session(drafter, B, 64)
+                sess.prefill(torch.tensor(prompt(8)))
+                stops = frozenset(first.tokens[:1] if stop_id else ())   # the first drafted
+                d = draft(sess, front, rule, speculate.Settings(gamma=gamma, draft_steps=steps,
+                          draft_threshold=threshold, draft_stop=stop), ahead, stops,
+                          torch.Generator().manual_seed(known))
+                drafts.append((d, sess.nfe - 1))
+            (a, loop_forwards), (b, device_forwards) = drafts
+            first = a if case == 0 else first
+            assert (a.pos, a.tokens, a.tau, a.reach) == (b.pos, b.tokens, b.tau, b.reach)
+            assert torch.equal(a.p_draft, b.p_draft)
+            assert loop_forwards == a.tau[-1]
+            assert device_forwards == min(steps, B - known + ahead * B)
+            stopped.add(len(a.pos) < min(gamma, B - known + ahead * B))
+    assert stopped == {True, False}, "vacuous: the drafter never stopped early (or always did)"
 
 
 @pytest.mark.parametrize("method", ["plain", "simsd", "simsd-temporal", "spiffy"])
@@ -83,7 +118,8 @@ def test_static_shapes_change_no_token_and_no_count(method):
             elif method == "spiffy":
                 out, st = spiffy_generate(target, prompt(n), 20, rule, graph, eos_id=NO_EOS)
             else:
-                out, st = simsd_generate(target, drafter, prompt(n), 20, rule, eos_id=NO_EOS,
-                                         verifier="temporal" if method == "simsd-temporal" else "copies")
+                temporal = dict(verifier="temporal", acceptance="paper")
+                out, st = variants.simsd(target, drafter, prompt(n), 20, rule, eos_id=NO_EOS,
+                                         **temporal if method == "simsd-temporal" else {})
             got.append((out, counts(st)))
         assert got[0] == got[1], n

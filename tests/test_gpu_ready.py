@@ -26,7 +26,7 @@ from cli import MAX_BUCKET
 from decode import DecodeRule, Session, generate
 from model import ModelConfig, Transformer, flex_kernel_options
 from checkpoint import PRESETS
-from speculate import simsd_generate
+from speculate import Settings, simsd_generate
 from calibrate import calibrate
 from spiffy import spiffy_generate
 from verify import Guesses, verify_copies
@@ -141,11 +141,11 @@ def test_capped_rows_keep_the_tokens_and_fit_the_largest_bucket(static, monkeypa
     for n in (3, 9):
         plain = generate(target, prompt(n), 24, rule, eos_id=-1)[0]
         for rows in (B, 3 * B, 8 * B):
-            out, st = simsd_generate(target, drafter, prompt(n), 24, rule, eos_id=-1, cut=fast.cutter(None, rows, B))
+            out, st = simsd_generate(target, drafter, prompt(n), 24, rule, Settings(cut=fast.cutter(None, rows, B)), eos_id=-1)
             assert out == plain and max(st["rows"]) <= rows + B        # + the pending block
             out, st = spiffy_generate(target, prompt(n), 24, rule, graph, eos_id=-1, cut=fast.cutter(None, rows, B))
             assert out == plain and max(st["rows"]) <= rows + B
-    many = dict(eos_id=-1, draft_steps=4 * B)       # (one token a step: a copy a draft)
+    many = dict(settings=Settings(draft_steps=4 * B), eos_id=-1)       # (one token a step: a copy a draft)
     static_rule = DecodeRule(MASK_ID, B)
     if static:   # uncapped, a verification outgrows the largest bucket: an error, never eager
         monkeypatch.setattr(fast, "STATIC_ROWS", MAX_BUCKET * B)

@@ -189,9 +189,10 @@ def test_drafting_ahead_leaves_the_drafters_cache_where_it_was():
     B = 4
     sess, rule, block, pos = drafting(B)
     front = Frontier(block, pos, B, [MASK_ID] * B)
-    first = speculate.draft(sess, front, rule, 3 * B, 2, None, None, 3 * B, frozenset())
+    settings = speculate.Settings(gamma=3 * B, draft_steps=3 * B, draft_threshold=None, draft_stop=None)
+    first = speculate.draft(sess, front, rule, settings, 2, frozenset())
     assert sorted(first.pos) == list(range(3 * B)) and (sess.committed, sess.pending) == (2 * B, None)
-    again = speculate.draft(sess, front, rule, 3 * B, 2, None, None, 3 * B, frozenset())
+    again = speculate.draft(sess, front, rule, settings, 2, frozenset())
     assert (first.pos, first.tokens) == (again.pos, again.tokens)
     g = speculate.drafted_states(front, first, 2, frozenset(), MASK_ID)
     assert g.copies.shape == (3 * B + 3, B) and g.parent[B + 1] == B and g.n_masked[B + 1] == B

@@ -12,6 +12,7 @@
 Run: python -m pytest tests/test_speculate.py -q
 """
 import copy
+import itertools
 import math
 import random
 import types
@@ -23,6 +24,7 @@ import torch
 import mask
 import variants
 
+import fast
 import speculate
 from decode import DecodeRule, Frontier, Session, generate
 from checkpoint import PRESETS
@@ -449,8 +451,13 @@ def test_position_order_verifies_left_to_right(tiny_model, monkeypatch):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(gamma=-1), "gamma and --draft-steps must be >= 1"),
     (dict(gamma=0), "gamma and --draft-steps must be >= 1"),
-    (dict(order="random"), "or order 'random': choose copies or temporal, tau or position"),
-], ids=["gamma=-1", "gamma=0", "order"])
+    (dict(order="random"), "unknown order 'random': choose tau or position"),
+    (dict(order="position"), "the order ablation applies to the temporal verifier only"),
+    (dict(lookahead=-1), r"--lookahead must be an int >= 0 \(0 with --verify temporal\): -1"),
+    (dict(lookahead=1.5), r"--lookahead must be an int >= 0 .*: 1.5"),
+    (dict(lookahead=1, verifier="temporal", acceptance="paper"), r"--lookahead must be .*: 1"),
+], ids=["gamma=-1", "gamma=0", "order", "order-copies", "lookahead=-1", "lookahead=1.5",
+         "lookahead-temporal"])
 def test_bad_settings_raise(tiny_model, kwargs, message):
     model = tiny_model(n_layer=1)
     with pytest.raises(ValueError, match=message):
@@ -630,8 +637,9 @@ def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
     block, pos, g = torch.full((B,), mask_id), torch.arange(B), torch.Generator().manual_seed(0)
     front, first, second, drafted = Frontier(block, pos, B, [mask_id] * B), [], [], []
     accept = variants.on_copies("paper")
+    settings = speculate.Settings(gamma=2, draft_steps=2, draft_threshold=None, draft_stop=None)
     for _ in range(6000):
-        d = speculate.draft(dsess, front, rule, 2, 0, None, None, 2, frozenset(), g)
+        d = speculate.draft(dsess, front, rule, settings, 0, frozenset(), g)
         guesses = speculate.drafted_states(front, d, 0, frozenset(), mask_id)
         logits = verify_copies(tsess, guesses, pos)
         new = accept(logits, guesses, d, front, rule, g, Counts()).front.host
@@ -646,18 +654,21 @@ def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
 
 
 def test_the_drafter_drafts_several_a_step_and_stops_when_unsure(tiny_model):
-    """A fixed number of drafter forwards a round (every decision on the device): one token a
-    step, or every one above draft_threshold at once, never past gamma, none once its best
-    confidence left is below draft_stop."""
+    """One token a step, or every one above draft_threshold at once, never past gamma, none
+    once its best confidence left is below draft_stop: a drafter forward a drafting step
+    (fast.draft, every decision on the device: a fixed number, `steps`)."""
     B = 8
     drafter = tiny_model(n_layer=1, block_size=B, seed=3)
     rule, front = DecodeRule(MASK_ID, B), front_of(torch.full((B,), MASK_ID), torch.arange(B))
-    for steps, threshold, stop, gamma, drafted, last_tau in (
+    for (steps, threshold, stop, gamma, drafted, last_tau), draft in itertools.product((
             (B, None, None, B, B, B), (B, 1e-9, None, B, B, 1), (2, 1e-9, None, 3, 3, 1),
-            (B, None, 1.0, B, 1, 1), (3, None, None, B, 3, 3)):
+            (B, None, 1.0, B, 1, 1), (3, None, None, B, 3, 3)), (speculate.draft, fast.draft)):
         sess = Session(drafter, B, 4 * B)
-        d = speculate.draft(sess, front, rule, steps, 0, threshold, stop, gamma, frozenset())
-        assert (sess.nfe, len(d.pos), d.tau[-1]) == (steps, drafted, last_tau), steps
+        settings = speculate.Settings(gamma=gamma, draft_steps=steps, draft_threshold=threshold,
+                                      draft_stop=stop)
+        d = draft(sess, front, rule, settings, 0, frozenset())
+        forwards = steps if draft is fast.draft else last_tau
+        assert (sess.nfe, len(d.pos), d.tau[-1]) == (forwards, drafted, last_tau), steps
         assert d.tau == sorted(d.tau) and len(set(d.pos)) == drafted
         # reach: the product of p_draft(d_i) over the drafts so far (the odds of reaching each)
         p = d.p_draft.gather(-1, torch.tensor(d.tokens)[:, None]).squeeze(-1).tolist()
@@ -695,5 +706,5 @@ def test_without_a_generator_the_drafters_draws_leave_the_walks_alone(tiny_model
     plain = generate(target, prompt, 16, rule, eos_id=NO_EOS)[0]
     for steps in (1, 3):
         torch.manual_seed(3)
-        assert speculate.simsd_generate(target, drafter, prompt, 16, rule, eos_id=NO_EOS,
-                                        draft_steps=steps)[0] == plain
+        assert speculate.simsd_generate(target, drafter, prompt, 16, rule,
+                                        speculate.Settings(draft_steps=steps), eos_id=NO_EOS)[0] == plain

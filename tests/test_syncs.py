@@ -112,26 +112,25 @@ def test_sampled_spiffy_syncs_once_a_walk_step(monkeypatch):
 
 
 def test_simsd_syncs_once_a_draft_and_once_a_walk(monkeypatch):
-    """SimSD with its drafter, greedy threshold rule, fast.walk: every sync goes through
+    """SimSD with its drafter, greedy threshold rule, fast.draft and fast.walk: every sync goes through
     to_host (the stats count them all), ONE a drafting round (the draft read back: which
     positions, how many, when to stop and whether to go on past the block stay on the device)
     and one a target forward (the walk): two a target forward."""
     target, drafter = make_model(block_size=B), make_model(n_layer=1, block_size=B, seed=5)
     rule = DecodeRule(MASK_ID, B, **RULES["threshold"])
-    draft, per_draft = speculate.draft, []
-    syncs = SyncCounter(monkeypatch)
+    per_draft, syncs = [], SyncCounter(monkeypatch)
 
     def counted(*args, **kw):
         before = syncs.count
-        d = draft(*args, **kw)
+        d = fast.draft(*args, **kw)
         per_draft.append(syncs.count - before)
         return d
-    monkeypatch.setattr(speculate, "draft", counted)
+    settings = speculate.Settings(draft_steps=3, draft=counted, walk=fast.walk)
     for p in prompts():
         syncs.count = 0
         with syncs:
-            stats = counting(speculate.simsd_generate)(target, drafter, p, 24, rule, eos_id=NO_EOS,
-                                             walk=fast.walk, draft_steps=3)[1]
+            stats = counting(speculate.simsd_generate)(target, drafter, p, 24, rule, settings,
+                                                       eos_id=NO_EOS)[1]
         decoding = stats["nfe"] - int(len(p) >= B)
         assert syncs.count == stats["syncs"] == 2 * decoding
         assert stats["nfe_draft"] > decoding, "vacuous: one drafter forward a round"

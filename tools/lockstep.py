@@ -124,7 +124,7 @@ class Lockstep:
 def decoders(target, drafter, rule, graph, n):
     """name -> decode(prompt ids) -> n new ids: every decoder, with `rule` (a threshold rule)
     and the one-token-a-step rule, as the command lines run them on a GPU (fast.walk, the
-    copies cut to the rows a static-shape graph holds); SimSD's drafter-free references need no
+    copies cut to the rows a static-shape graph holds; fast.draft); SimSD's drafter-free references need no
     drafter, and Spiffy's `graph` is calibrated for `rule`."""
     plain, B = DecodeRule(rule.mask_id, rule.block_size), rule.block_size
     fast_path = dict(walk=fast.walk, cut=fast.cutter(None, max_rows(None, "cuda", "static", B), B))
@@ -132,7 +132,7 @@ def decoders(target, drafter, rule, graph, n):
     def simsd(p, **kw):
         lossless = kw.get("verifier") != "temporal"
         return variants.simsd(target, None if "reference" in kw else drafter, p, n, rule,
-                              eos_id=-1, **kw, **fast_path if lossless else {})[0]
+                              eos_id=-1, draft=fast.draft, **kw, **fast_path if lossless else {})[0]
     return {"plain": lambda p: generate(target, p, n, plain, eos_id=-1)[0],
             "threshold": lambda p: generate(target, p, n, rule, eos_id=-1)[0],
             "simsd": lambda p: simsd(p),

@@ -79,7 +79,7 @@ def test_the_one_sync_draft_drafts_what_the_drafters_loop_drafts(temperature):
     stopped = set()
     for known, ahead in ((0, 0), (2, 0), (0, 2), (1, 1)):
         host = prompt(9)[:known] + [MASK_ID] * (B - known)
-        front = Frontier(torch.tensor(host), torch.arange(8, 8 + B), B - known, host)
+        front, first = Frontier(torch.tensor(host), torch.arange(8, 8 + B), B - known, host), None
         for case, (steps, threshold, stop, gamma, stop_id) in enumerate((
                 (12, None, None, 12, False), (3, 1e-9, None, 12, False), (12, 0.02, None, 5, False),
                 (12, None, 0.5, 12, False), (12, None, None, 12, True))):
@@ -87,13 +87,13 @@ def test_the_one_sync_draft_drafts_what_the_drafters_loop_drafts(temperature):
             for draft in speculate.draft, fast.draft:
                 sess = Session(drafter, B, 64)
                 sess.prefill(torch.tensor(prompt(8)))
-                stops = frozenset(first.tokens[:1] if stop_id else ())   # the first drafted
+                stops = frozenset(first.tokens[:1] if stop_id else ())   # case 0's first draft
                 d = draft(sess, front, rule, speculate.Settings(gamma=gamma, draft_steps=steps,
                           draft_threshold=threshold, draft_stop=stop), ahead, stops,
                           torch.Generator().manual_seed(known))
                 drafts.append((d, sess.nfe - 1))
             (a, loop_forwards), (b, device_forwards) = drafts
-            first = a if case == 0 else first
+            first = first or a
             assert (a.pos, a.tokens, a.tau, a.reach) == (b.pos, b.tokens, b.tau, b.reach)
             assert torch.equal(a.p_draft, b.p_draft)
             assert loop_forwards == a.tau[-1]

@@ -24,7 +24,7 @@ class Counts:
         self.n["copies", len(g.n_masked) - 1] += 1
         self.n["blocks_ahead"] += len(w.crossed)
         if g.drafted is not None:
-            depth = lineage(g.parent)[0] if g.parent else [0] * len(g.n_masked)
+            depth = lineage(g.after)[0] if g.after else [0] * len(g.n_masked)
             ended = [c for c, s in enumerate(w.copies) if s == w.host and depth[c] == len(w.crossed)]
             k, most = max(g.drafted[c] for c in [0, *w.visited, *ended]), max(g.drafted)
             self.ended(k, "nothing drafted" if not most else "every draft accepted" if k == most

@@ -276,10 +276,10 @@ class Advance:
     front: Frontier
 
 
-def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=None):
+def round_loop(one_round, sessions, prompt, rule, max_new_tokens, stops, on_block=None):
     """The round loop every decoder shares. Prefill the prompt's whole blocks (its tail stays
-    in the open block as known tokens), then round_(front, left) -> Advance, round after round
-    (left: the tokens max_new_tokens leaves after the open block); commit each completed block
+    in the open block as known tokens), then one_round(front, tokens_left) -> Advance, round
+    after round (tokens_left: what max_new_tokens leaves past the open block); commit each block
     to every session; stop at a `stops` id, at max_new_tokens, or when on_block(new ids) says
     so. -> (new ids without the stop id, stats: stop, tokens, seconds, syncs, nfe, rows)."""
     B, mask_id, device = rule.block_size, rule.mask_id, sessions[0].device
@@ -298,7 +298,7 @@ def round_loop(round_, sessions, prompt, rule, max_new_tokens, stops, on_block=N
     seen = prompt[:n_prefix]                         # the ids before the open block
     while True:
         front.context = seen
-        adv = round_(front, max_new_tokens - len(out) - (B - known))
+        adv = one_round(front, max_new_tokens - len(out) - (B - known))
         front = adv.front
         done = adv.done + ([(front.block, front.host, None)] if not front.n_masked else [])
         for block, host, copy in done:      # the verifier keeps a block from its copy
@@ -328,7 +328,7 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
     ids, B = check_prompt(prompt, c, max_new_tokens), rule.block_size
     sess = Session(model, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
 
-    def plain_round(front, left):                     # logits at the masked positions only
+    def plain_round(front, tokens_left):              # logits at the masked positions only
         logits = sess.forward(front.block, front.pos, lambda c, n: masks.block_causal(B, c), keep=B,
                               rows=packed_rows(front.block, rule.mask_id, front.n_masked))
         block = rule(logits, front.block, front.step, generator)

@@ -106,16 +106,16 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
 
 def successors(g):
     """Which copies the walk may go on to, as device tensors: (n,) the block each copy is a state
-    of (its parent), and (n,) whether it has a mask left or a next block to go on to; and on the
-    host, the next block's first copy (all masks) of each complete copy that has one."""
+    of (Guesses.after), and (n,) whether it has a mask left or a next block to go on to; and on
+    the host, the next block's first copy (all masks) of each complete copy that has one."""
     n, B = g.copies.shape
-    parent = [-1] * n if g.parent is None else g.parent
+    after = [-1] * n if g.after is None else g.after
     first = {}
-    for i, p in enumerate(parent):
+    for i, p in enumerate(after):
         if p >= 0 and g.n_masked[i] == B:
             first.setdefault(p, i)
     goes_on = [int(g.n_masked[i] > 0 or i in first) for i in range(n)]
-    block_of, goes_on = to_device([parent, goes_on], g.copies.device)
+    block_of, goes_on = to_device([after, goes_on], g.copies.device)
     return block_of, goes_on.bool(), first
 
 
@@ -125,9 +125,9 @@ def same_state(copies, state):
 
 
 def prefix(g, n):
-    """The first n copies of Guesses g (a copy's parent comes before it: still a whole)."""
+    """The first n copies of Guesses g (a copy comes after the copy it follows: still a whole)."""
     cut = lambda x: x if x is None else x[:n]   # noqa: E731
-    return Guesses(g.copies[:n], g.n_masked[:n], cut(g.parent), cut(g.reach), cut(g.drafted))
+    return Guesses(g.copies[:n], g.n_masked[:n], cut(g.after), cut(g.reach), cut(g.drafted))
 
 
 def sized(g, cost):

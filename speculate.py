@@ -116,13 +116,13 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
 
 def drafted_states(front, d, ahead, stops, mask_id, every=True):
     """A Draft's states as verify.Guesses: the open block, then after each draft (every) or each
-    drafter step; a later block's from all masks, after (parent) the block before's complete
-    state; after a complete last one with no stop id and a block left, the next block's first."""
+    drafter step; a later block's from all masks, after the complete state of the block before
+    (Guesses.after); after a complete last one with no stop id and a block left, the next's."""
     B = len(front.host)
-    states, parent, reach, drafted = [list(front.host)], [-1], [1.0], [0]
+    states, after, reach, drafted = [list(front.host)], [-1], [1.0], [0]
 
-    def add(state, after, odds, n):   # a copy of `state`, after copy `after`, holding n drafts
-        states.append(list(state)), parent.append(after), reach.append(odds), drafted.append(n)
+    def add(state, complete, odds, n):   # a copy of state, after copy `complete`, with n drafts
+        states.append(list(state)), after.append(complete), reach.append(odds), drafted.append(n)
     state, block = list(front.host), 0
     for i, p in enumerate(d.pos):
         if p // B > block:                   # on into the next block, after its complete copy
@@ -130,12 +130,12 @@ def drafted_states(front, d, ahead, stops, mask_id, every=True):
             add(state, len(states) - 1, reach[-1], i)
         state[p % B] = d.tokens[i]
         if every or i + 1 == len(d.pos) or d.tau[i + 1] != d.tau[i]:
-            add(state, parent[-1], d.reach[i] if d.reach else 1.0, i + 1)
+            add(state, after[-1], d.reach[i] if d.reach else 1.0, i + 1)
     if mask_id not in states[-1] and block < ahead and not stops.intersection(states[-1]):
         add([mask_id] * B, len(states) - 1, reach[-1], len(d.pos))
     copies = to_device(states, front.block.device) if len(states) > 1 else front.block[None]
     return Guesses(copies, [s.count(mask_id) for s in states],
-                   parent if max(parent) >= 0 else None, reach, drafted)
+                   after if max(after) >= 0 else None, reach, drafted)
 
 
 def verify_temporal(sess, front, d, rule, rope_copy=True):

@@ -94,18 +94,18 @@ def draft_copies(ranked, state, block, graph, budget, rule, cross, stops):
     that draft), when `cross` (a block after this one is wanted) and the draft holds none of
     the `stops` ids (decoding would end there). -> verify.Guesses."""
     drafts, odds = build_drafts(ranked, state, graph, budget, rule) if graph else ([], [])
-    host, parent, reach = [state], [-1], [1.0]
+    host, after, reach = [state], [-1], [1.0]
     for d, p in zip(drafts, odds):
         crosses = cross and rule.mask_id not in d and not stops.intersection(d)
         if len(host) + crosses > budget:
             break
-        host, parent, reach = host + [d], parent + [-1], reach + [p]
+        host, after, reach = host + [d], after + [-1], reach + [p]
         if crosses:                    # its next block's first step comes with the forward too
-            host, parent = host + [[rule.mask_id] * rule.block_size], parent + [len(host) - 1]
+            host, after = host + [[rule.mask_id] * rule.block_size], after + [len(host) - 1]
             reach.append(p)
     copies = to_device(host, block.device) if len(host) > 1 else block[None]
     counts = [s.count(rule.mask_id) for s in host]
-    return Guesses(copies, counts, parent if max(parent) >= 0 else None, reach)
+    return Guesses(copies, counts, after if max(after) >= 0 else None, reach)
 
 
 @torch.no_grad()
@@ -132,8 +132,8 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
         return cut(g) if cut else g
 
     extra = (lambda lg, cp, st: ranks(lg, st, rule, k, cp)) if graph else no_extra
-    round_ = lossless_round(sess, rule, propose, generator, extra, walk, counts)
-    out, run = round_loop(round_, [sess], ids, rule, max_new_tokens, stops, on_block)
+    one_round = lossless_round(sess, rule, propose, generator, extra, walk, counts)
+    out, run = round_loop(one_round, [sess], ids, rule, max_new_tokens, stops, on_block)
     return out, dict(run, tokens_per_s=len(out) / run["seconds"], lookahead=1)
 
 
@@ -155,8 +155,8 @@ def trajectories(model, prompt, max_new_tokens, rule, record):
             states.clear(), logits.clear()
         return ()
     plain = lambda front, left: Guesses(front.block[None], [front.n_masked])   # noqa: E731
-    round_ = lossless_round(sess, rule, plain, extra=step)
-    round_loop(round_, [sess], ids, rule, max_new_tokens, stop_ids(model.config))
+    one_round = lossless_round(sess, rule, plain, extra=step)
+    round_loop(one_round, [sess], ids, rule, max_new_tokens, stop_ids(model.config))
 
 
 def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):

@@ -127,7 +127,7 @@ def on_copies(accept_rule, gate=GATE):
         sure = target_sure(logits, g.copies, d, drafted_in, rule, gate) if gated else ok
         k, sure = map(int, to_host(first_true(~(ok & sure)), first_true(~sure)))
         c = drafted_in[k] if k < len(drafted_in) else len(g.n_masked) - 1
-        crossed, taken = ended_in(g.parent, c)
+        crossed, taken = ended_in(g.after, c)
         block, steps = g.copies[c].clone(), taken
         if k < len(drafted_in) and (k < sure or not gated):     # rejected (and, gated, sure):
             block[d.pos[k] % len(block)] = correct(p_target[k], d.p_draft[k], rule, generator)
@@ -157,14 +157,14 @@ def target_sure(logits, copies, d, drafted_in, rule, gate):
     return (top.argmax(-1) == pos) | (top[torch.arange(len(pos), device=pos.device), pos] > gate)
 
 
-def ended_in(parent, c):
+def ended_in(after, c):
     """A round that ends in copy c: the complete copies of the blocks it went past, and the
     drafts it took in c's own block (host ints)."""
     crossed, a = [], c
-    while parent is not None and parent[a] >= 0:
-        a = parent[a]
+    while after is not None and after[a] >= 0:
+        a = after[a]
         crossed.insert(0, a)
-    return crossed, c - (parent[c] + 1 if parent else 0)
+    return crossed, c - (after[c] + 1 if after else 0)
 
 
 def simsd(target, drafter, prompt, max_new_tokens=64, rule=None, acceptance="lossless",

@@ -20,7 +20,7 @@ class Guesses:
     """A round's copies, as verify_copies and walk take them."""
     copies: torch.Tensor   # (n, B) block states; copies[0] is the open block itself
     n_masked: list         # each copy's number of masked positions (host ints)
-    parent: list = None    # None: all of the open block; else -1, or the complete copy before
+    after: list = None     # None: all of the open block; else -1, or the complete copy it follows
     reach: list = None     # the proposer's guess that the walk reaches each copy (fast.sized)
     drafted: list = None   # drafts each copy holds (SimSD's: its drafts accepted)
 
@@ -32,22 +32,22 @@ def verify_copies(sess, g, pos):
     rows = packed_rows(g.copies, sess.model.config.mask_token_id, sum(g.n_masked))
     if n == 1:                                              # one copy: plain decoding's forward
         return sess.forward(g.copies[0], pos, lambda c, k: masks.block_causal(B, c), B, rows)
-    depth, sees = lineage(g.parent or [-1] * n)   # a later block's copy sits B positions on
+    depth, sees = lineage(g.after or [-1] * n)   # a later block's copy sits B positions on
     positions = (pos + B * to_device(depth, pos.device)[:, None]).flatten()
     sees = to_device(sees, pos.device).bool()
     return sess.forward(g.copies.flatten(), positions, lambda c, k: masks.block_copies(
         c, k, B, sees), keep=n * B, rows=rows)
 
 
-def lineage(parent, at_least=16):
-    """parent (Guesses') -> each copy's depth (blocks past the open one), and sees[q][k]: copy
+def lineage(after, at_least=16):
+    """after (Guesses') -> each copy's depth (blocks past the open one), and sees[q][k]: copy
     q sees copy k (itself or a block it continues), at least 16 x 16 (one shape to compile)."""
-    n, size = len(parent), max(len(parent), at_least)
+    n, size = len(after), max(len(after), at_least)
     depth, sees = [0] * n, [[0] * size for _ in range(size)]
     for i in range(n):
         a = i
         while a >= 0:
-            sees[i][a], a = 1, parent[a]
+            sees[i][a], a = 1, after[a]
             depth[i] += a >= 0
     return depth, sees
 
@@ -72,16 +72,16 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     first copy. extra(packed logits of (m, B) copies, their (m, B) new states) -> m-row tensors
     brought back (Walk.ranks: the last state's). A host sync a step (fast.walk: one a round)."""
     each, n = logits.split(g.n_masked), len(g.n_masked)
-    parent = g.parent or [-1] * n
+    after = g.after or [-1] * n
     # a complete copy -> its next block's first copy (reversed: the lowest index wins)
-    first = {parent[c]: c for c in reversed(range(n))
-             if parent[c] >= 0 and g.n_masked[c] == len(g.copies[c])}
+    first = {after[c]: c for c in reversed(range(n))
+             if after[c] >= 0 and g.n_masked[c] == len(g.copies[c])}
     path, crossed, visited, i = [], [], [], 0
     while True:
         new = rule(each[i], g.copies[i], step, generator)
         path.append((each[i], new))
         host, copies, *ranks = to_host(new, g.copies, *extra(each[i], g.copies[i][None], new[None]))
-        same = [c for c in range(n) if copies[c] == host and parent[c] == parent[i]
+        same = [c for c in range(n) if copies[c] == host and after[c] == after[i]
                 and (g.n_masked[c] or c in first)]        # a copy to go on from
         if not same:                                     # none: the round ends
             return Walk(path, host, [h[0] for h in ranks], crossed, copies, visited)
@@ -94,11 +94,11 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
 
 
 def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=walk, counts=None):
-    """A round of the lossless decoders (decode.round_loop's round_): propose(front, left) ->
+    """A round of the lossless decoders (decode.round_loop's one_round): propose(front, left) ->
     Guesses, verified in ONE forward of sess, walked through (`walk`: this module's, or
     fast.walk); counts: a counts.Counts the round reports to."""
-    def round_(front, left):
-        g = propose(front, left)
+    def one_round(front, tokens_left):
+        g = propose(front, tokens_left)
         w = walk(verify_copies(sess, g, front.pos), g, front.step, rule, generator, extra)
         if counts is not None:
             counts.lossless(g, w)
@@ -107,4 +107,4 @@ def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=wal
         pos = front.pos + rule.block_size * len(w.crossed)
         n_masked = w.host.count(rule.mask_id)
         return Advance(done, Frontier(w.path[-1][1], pos, n_masked, w.host, step, tuple(w.ranks)))
-    return round_
+    return one_round

@@ -195,7 +195,7 @@ def test_drafting_ahead_leaves_the_drafters_cache_where_it_was():
     again = speculate.draft(sess, front, rule, settings, 2, frozenset())
     assert (first.pos, first.tokens) == (again.pos, again.tokens)
     g = speculate.drafted_states(front, first, 2, frozenset(), MASK_ID)
-    assert g.copies.shape == (3 * B + 3, B) and g.parent[B + 1] == B and g.n_masked[B + 1] == B
+    assert g.copies.shape == (3 * B + 3, B) and g.after[B + 1] == B and g.n_masked[B + 1] == B
 
 
 @pytest.mark.parametrize("method", ["simsd", "spiffy"])

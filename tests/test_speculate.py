@@ -593,7 +593,7 @@ def test_lossless_acceptance_counts_the_deepest_drafted_state_walked_to(rule_kw,
     second = torch.stack([row(7, 0.95), row(next_at_copy_2, 0.97), row(6, 0.95), row(4, 0.5)])
     logits = torch.stack([first, first, second, second])           # the target at copies 0..3
     packed, counts = logits[copies == MASK_ID], (copies == MASK_ID).sum(-1).tolist()
-    assert g.n_masked == counts and g.parent is None and g.drafted == [0, 1, 2, 3]
+    assert g.n_masked == counts and g.after is None and g.drafted == [0, 1, 2, 3]
     w = walk(packed, g, 0, rule)                                   # the lossless acceptance: the walk
     counts = Counts()
     counts.lossless(g, w)

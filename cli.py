@@ -219,10 +219,10 @@ def warm_buckets(model, B, max_blocks, kinds=("plain",)):
     mask_id, device = model.config.mask_token_id, model.embed.weight.device
     sees = torch.ones(16, 16, dtype=torch.bool, device=device).tril()
     step, slot = torch.arange(2 * B, device=device), torch.arange(2 * B, device=device) >= B
-    mask_of = dict(plain=lambda c, k: masks.block_causal(B, c),
-                   copies=lambda c, k: masks.block_copies(c, k, B, sees.diag().diag()),
-                   ahead=lambda c, k: masks.block_copies(c, k, B, sees),
-                   temporal=lambda c, k: masks.simsd_temporal(c, k, step, slot))
+    mask_of = dict(plain=lambda prefix, _: masks.block_causal(B, prefix),
+                   copies=lambda prefix, n_commit: masks.block_copies(prefix, n_commit, B, sees.diag().diag()),
+                   ahead=lambda prefix, n_commit: masks.block_copies(prefix, n_commit, B, sees),
+                   temporal=lambda prefix, n_commit: masks.simsd_temporal(prefix, n_commit, step, slot))
     static = "forward" in vars(model)
     sess, blocks = Session(model, B, (2 * MAX_BUCKET + 1) * B), [1 << i for i in range(MAX_BUCKET.bit_length())]
     for n, kind in [(n, "plain") for n in blocks if n < 2 * max_blocks] if static else [(3, k) for k in kinds]:

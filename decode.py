@@ -167,10 +167,11 @@ class Session:
         self.committed, self.queries_at, self.pending, self.nfe = 0, 0, None, 0
         self.rows = Counter()   # query rows a forward -> forwards (bench.py's modelled GPU cost)
 
-    def forward(self, tokens, pos, mask_for, keep, rows=None):
+    def forward(self, tokens, pos, mask_for=None, keep=None, rows=None):
         """One forward of [pending ; tokens]. mask_for(prefix, n_commit) builds the mask_mod
-        (prefix: committed rows; n_commit: the pending block's rows); -> (keep, V) logits,
-        or (M, V) for `rows` (M,) of the kept rows only (packed: the head at masked rows)."""
+        (prefix: committed rows; n_commit: the pending block's rows; default: block-causal);
+        -> (keep, V) logits, or (M, V) for `rows` (M,) of the kept rows only (packed)."""
+        mask_for = mask_for or (lambda prefix, _: masks.block_causal(self.block_size, prefix))
         n_commit = 0 if self.pending is None else len(self.pending)
         if n_commit:
             tokens = torch.cat([self.pending, tokens])
@@ -207,8 +208,7 @@ class Session:
             self.flush()
 
     def flush(self):   # a forward with nothing but the pending rows: SDAR's commit
-        self.forward(self.pending[:0], self.pending[:0], lambda c, n: masks.block_causal(
-            self.block_size, c), keep=0)
+        self.forward(self.pending[:0], self.pending[:0], keep=0)
 
 
 def to_host(*tensors):
@@ -329,7 +329,7 @@ def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_
     sess = Session(model, B, len(ids) + max_new_tokens + 3 * B, fuse_commit)
 
     def plain_round(front, tokens_left):              # logits at the masked positions only
-        logits = sess.forward(front.block, front.pos, lambda c, n: masks.block_causal(B, c), keep=B,
+        logits = sess.forward(front.block, front.pos, keep=B,
                               rows=packed_rows(front.block, rule.mask_id, front.n_masked))
         block = rule(logits, front.block, front.step, generator)
         host, = to_host(block)

@@ -16,7 +16,6 @@ from itertools import accumulate
 import torch
 import torch.nn.functional as F
 
-import mask as masks
 from decode import to_device, to_host
 from speculate import Draft
 from verify import Guesses, Walk, no_extra
@@ -44,7 +43,7 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
     p_at, alive = None, torch.ones((), dtype=torch.bool, device=window.device)
     ends = to_device(sorted(stops), window.device)
     for t in range(1, min(steps, front.n_masked + ahead * B) + 1):
-        logits = sess.forward(window, pos, lambda prefix, _: masks.block_causal(B, prefix), keep=W)
+        logits = sess.forward(window, pos, keep=W)
         masked = window == mask_id
         active = masked.view(-1, B).any(-1).int().argmax()     # the first block with a mask
         alive &= ~(torch.isin(window, ends) & (block_of < active)).any()

@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 import checkpoint
-import mask as masks
 from checkpoint import PRESETS
 from decode import DecodeRule, Session, generate, packed_rows
 from model import ModelConfig, Transformer
@@ -145,7 +144,7 @@ def verification_round(model, name, copies, cache, rule):
     pos = torch.arange(cache, cache + B, device=copies.device)
     if name == "plain":
         def forward():
-            return sess.forward(copies[0], pos, lambda c, n: masks.block_causal(B, c), keep=B,
+            return sess.forward(copies[0], pos, keep=B,
                                 rows=packed_rows(copies, mask_id, counts[0]))
         return forward, lambda: rule(forward(), copies[0], 0).tolist()
     extra = (lambda lg, cp, st: ranks(lg, st, rule, 4, cp)) if name == "spiffy" else (lambda *a: ())
@@ -213,7 +212,7 @@ def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache
         sess.committed = cache
         idx = torch.randint(4, model.config.vocab_size, (B,), device=device)
         pos = torch.arange(cache, cache + B, device=device)
-        step = lambda: sess.forward(idx, pos, lambda c, n: masks.block_causal(B, c), keep=B)
+        step = lambda: sess.forward(idx, pos, keep=B)
         time_it(step, 3)                                        # warm-up (and compile)
         t = time_it(step, iters)
         rows.append(dict(block_size=B, cache_len=cache, cache_rows=model.layers[0].attn.cache.k.shape[2],

@@ -95,8 +95,7 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
         b = window.index(mask_id) // B                       # the first block with a mask
         if stops.intersection(window[:b * B]):               # past a block with a stop id
             break
-        logits = sess.forward(to_device(window, pos.device), pos,
-                              lambda prefix, _: masks.block_causal(B, prefix), keep=len(window))
+        logits = sess.forward(to_device(window, pos.device), pos, keep=len(window))
         tokens, conf = to_host(rule.pick(logits, generator)[0], rule.best(logits)[1])
         masked = sorted((i for i in range(b * B, b * B + B) if window[i] == mask_id),
                         key=lambda i: -conf[i])              # most confident first

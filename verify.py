@@ -31,12 +31,12 @@ def verify_copies(sess, g, pos):
     n, B = g.copies.shape
     rows = packed_rows(g.copies, sess.model.config.mask_token_id, sum(g.n_masked))
     if n == 1:                                              # one copy: plain decoding's forward
-        return sess.forward(g.copies[0], pos, lambda c, k: masks.block_causal(B, c), B, rows)
+        return sess.forward(g.copies[0], pos, keep=B, rows=rows)
     depth, sees = lineage(g.after or [-1] * n)   # a later block's copy sits B positions on
     positions = (pos + B * to_device(depth, pos.device)[:, None]).flatten()
     sees = to_device(sees, pos.device).bool()
-    return sess.forward(g.copies.flatten(), positions, lambda c, k: masks.block_copies(
-        c, k, B, sees), keep=n * B, rows=rows)
+    return sess.forward(g.copies.flatten(), positions, lambda prefix, n_commit: masks.block_copies(
+        prefix, n_commit, B, sees), keep=n * B, rows=rows)
 
 
 def lineage(after, at_least=16):

@@ -18,7 +18,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
 import fast  # noqa: E402
-import mask as masks  # noqa: E402
 from decode import Session  # noqa: E402
 
 torch.set_num_threads(2)
@@ -32,8 +31,7 @@ def session(model, cached=120):
 
 
 def forward(s, T, read):
-    s.forward(torch.full((T,), 3), torch.arange(s.committed, s.committed + T),
-              lambda c, k: masks.block_causal(4, c), keep=4, rows=torch.arange(read))
+    s.forward(torch.full((T,), 3), torch.arange(s.committed, s.committed + T), keep=4, rows=torch.arange(read))
 
 
 with torch.no_grad():

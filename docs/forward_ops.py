@@ -18,7 +18,6 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
 import fast  # noqa: E402
-import mask as masks  # noqa: E402
 import model  # noqa: E402
 from decode import Session  # noqa: E402
 
@@ -65,7 +64,7 @@ with torch.no_grad():
 
                 def forward(sess=sess, block=block, pos=pos, rows=rows):
                     sess.committed, sess.pending = 64, None
-                    sess.forward(block, pos, lambda c, k: masks.block_causal(4, c), keep=4, rows=rows)
+                    sess.forward(block, pos, keep=4, rows=rows)
                 for _ in range(20):
                     forward()
                 runs[which] = (forward, forms)

@@ -17,7 +17,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
-import mask as masks  # noqa: E402
 from decode import Session  # noqa: E402
 
 
@@ -36,7 +35,7 @@ rule, block = cli.make_rule(target, 4, cli.THRESHOLD), torch.full((4,), target.c
 
 def forward(s):
     s.committed = 120   # the same rows every time: a decode step's forward
-    return s.forward(block, torch.arange(120, 124), lambda c, n: masks.block_causal(4, c), keep=4)
+    return s.forward(block, torch.arange(120, 124), keep=4)
 
 
 with torch.no_grad():

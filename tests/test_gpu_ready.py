@@ -65,18 +65,18 @@ def forwards(model):
     pos = torch.arange(B, 2 * B, **d)
     block = torch.full((B,), MASK_ID, **d)
     yield "prefill", lambda: sess.prefill(torch.full((B,), 5, **d))
-    yield "plain", lambda: sess.forward(block, pos, lambda c, n: masks.block_causal(B, c), keep=B)
+    yield "plain", lambda: sess.forward(block, pos, keep=B)
 
     def fused():
         sess.pending = torch.full((B,), 5, **d)
-        sess.forward(block, pos + B, lambda c, n: masks.block_causal(B, c), keep=B)
+        sess.forward(block, pos + B, keep=B)
     yield "fused commit", fused
     copies = torch.full((3, B), MASK_ID, **d)
     yield "copies", lambda: verify_copies(sess, Guesses(copies, [B] * 3), pos)
     yield "copies of the next block", lambda: verify_copies(sess, Guesses(copies, [B] * 3, [-1, -1, 1]), pos)
     step, slot = torch.tensor([0, 1, 2, 3, 1, 2, 3, 0], **d), torch.arange(2 * B, **d) >= B
     yield "temporal", lambda: sess.forward(torch.full((2 * B,), MASK_ID, **d), pos.repeat(2),
-                                           lambda c, n: masks.simsd_temporal(c, n, step, slot), keep=B)
+                                           lambda prefix, n_commit: masks.simsd_temporal(prefix, n_commit, step, slot), keep=B)
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])

@@ -150,7 +150,8 @@ def prose():
 
 def test_every_file_and_name_the_docs_point_to_exists():
     """Each Python file the prose mentions is a file of the project: under the path given
-    (tools/costs.py), or by its name alone (costs.py). Each `module.name` of a project
+    (tools/costs.py), or by its name alone (costs.py), and a command (python tools/costs.py)
+    names it by its path from the root, where the commands run. Each `module.name` of a project
     module (backticked in the README and design notes, or in a docstring or help text; the
     module by its name, costs, or its package path, tools.costs) is a name that module defines,
     and each `package.module` is a module."""
@@ -167,6 +168,9 @@ def test_every_file_and_name_the_docs_point_to_exists():
         for f in re.findall(r"(?<![\w/.-])((?:[\w-]+/)*[A-Za-z_]\w*\.py)\b", text):
             if f not in names and not f.startswith(("torch/", "transformers/")):
                 missing.append(f"{where}: {f}")
+        for f in re.findall(r"\bpython\s+(?:-u\s+)?((?:[\w-]+/)*[A-Za-z_]\w*\.py)\b", text):
+            if f not in files | others:
+                missing.append(f"{where}: python {f}")
         for m, name in re.findall(r"`((?:\w+\.)?\w+)\.(\w+)[`(]", text):
             module = None if m in ("model", "mask") else m if m in MODULES else SHORT.get(m)
             if module and name not in defined[module] | suffixes:

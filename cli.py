@@ -1,7 +1,7 @@
-"""What the command lines share (sample.py, bench.py, harness.py, spiffy.py, sol.py, train.py):
-loading a checkpoint (and a drafter that fits it), the decoding rule, compiling, and the flags,
-grouped as --help shows them, each default defined once and each flag checked before any file
-is read. Imports point down: this module imports the decoders, none of them imports it.
+"""What the command lines share (sample.py, bench.py, tools/harness.py, spiffy.py, tools/sol.py,
+train.py): loading a checkpoint (and a drafter that fits it), the decoding rule, compiling, and
+the flags, grouped as --help shows them, each default defined once and each flag checked before
+any file is read. Imports point down: this module imports the decoders, none of them imports it.
 """
 import copy
 import logging
@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import counters
 
-import checkpoint
-import util
+from training import checkpoint
+from tools import util
 import mask as masks
 import fast
 from decode import EB_THRESHOLD, STRATEGIES, DecodeRule, Session
@@ -22,7 +22,7 @@ import variants
 from speculate import DRAFT_STOP, DRAFT_THRESHOLD, LOOKAHEAD, Settings
 from variants import ACCEPTS, GATE, LOOKUP_N, REFERENCES
 from spiffy import DRAFT_BUDGET
-from tokenizer import check_same_tokenizer, load_tokenizer
+from training.tokenizer import check_same_tokenizer, load_tokenizer
 
 ROOT = Path(__file__).parent
 DEFAULT_TARGET, DEFAULT_DRAFTER = ROOT / "models/target", ROOT / "models/drafter"
@@ -359,7 +359,7 @@ SPEC_FLAGS = ("cost_table", "max_rows")   # both speculative methods
 
 
 def check_spec_flags(spec, block_size=None, **flags):
-    """sample.py's and harness.py's method flags: SIMSD_FLAGS for simsd, SPIFFY_FLAGS for
+    """sample.py's and tools/harness.py's method flags: SIMSD_FLAGS for simsd, SPIFFY_FLAGS for
     spiffy (None: that method's default), each refused by the other methods."""
     util.check_positive(gamma=flags["gamma"], draft_budget=flags["draft_budget"],
                         draft_steps=flags.get("draft_steps"))
@@ -413,7 +413,7 @@ def model_flags(ap, both=False):
                         "prompt by prompt")
     g.add_argument("--chat", action="store_true", help="render prompts with the checkpoint's own chat "
                    "template (tokenizer_config.json's chat_template; ChatML if it has none)")
-    g.add_argument("--cost-table", default=None, help="simsd, spiffy: the cost table (costs.py) that sizes "
+    g.add_argument("--cost-table", default=None, help="simsd, spiffy: the cost table (tools/costs.py) that sizes "
                    "the copies a round verifies (default: the one next to the target's weights for this "
                    "device, if any; none: every copy verified)")
     g.add_argument("--stop-ids", default=None, help="comma-separated token ids that end decoding "

@@ -6,10 +6,10 @@
 # then the CUDA tests, the bench on the embedded pair in bf16 (the main methods eager and
 # compiled, static shapes and CUDA graphs, in one interleaved run; its JSON written a block
 # size at a time), the speed-of-light figures of an SDAR-8B-shaped model (eager; compiled: its
-# B = 4 forward), where a round's time goes (docs/round_costs.py), then a summary of the files.
-# Each phase has a time box, so a slow compile costs its own figures only; recompiles and
-# skipped CUDA graphs are logged (TORCH_LOGS). Figures go to stdout and, as files, to
-# ${OUT:-gpu_out} (git ignores it).
+# B = 4 forward), where a round's time goes (experiments/round_costs.py), then a summary of
+# the files. Each phase has a time box, so a slow compile costs its own figures only;
+# recompiles and skipped CUDA graphs are logged (TORCH_LOGS). Figures go to stdout and, as
+# files, to ${OUT:-gpu_out} (git ignores it).
 #
 #   bash gpu_check.sh              # on a GPU
 #   bash gpu_check.sh --dry-run    # the same phases in the same order on the CPU, in seconds:
@@ -75,7 +75,7 @@ phase bench "$(box bench)" - "$py" bench.py "${dev[@]}" --compile both --block-s
 phase sol-eager "$(box sol-eager)" "$out/gpu_sol_eager.txt" "$py" bench.py --speed-of-light $sol "${dev[@]}"
 phase sol-compiled "$(box sol-compiled)" "$out/gpu_sol_compiled.txt" "$py" bench.py --speed-of-light $sol \
     "${dev[@]}" --compile --quick       # the B = 4 forward alone: one graph of the 8B model
-phase round-costs "$(box round-costs)" "$out/gpu_round_costs.txt" "$py" docs/round_costs.py "${dev[@]}" \
+phase round-costs "$(box round-costs)" "$out/gpu_round_costs.txt" "$py" experiments/round_costs.py "${dev[@]}" \
     --prompts $costs --block-size 4
 phase summary "$(box summary)" - "$py" - "$out" <<'EOF'
 import json, sys

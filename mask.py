@@ -2,7 +2,7 @@
 
 A mask_mod (b, h, q_idx, kv_idx) -> bool is True where the query may attend to the key. The
 same closure drives flex_attention (block_mask) and SDPA (dense_mask): one source of truth,
-and a dense reference for the tests (python draw_masks.py draws them). Closures capture
+and a dense reference for the tests (python tools/draw_masks.py draws them). Closures capture
 tensors, never ints (compiled, an int is a constant or a symbol that inductor's CPU flex code
 mangles: docs/results.md). Keys are [cache ; queries]: query q_idx is key `prefix + q_idx`.
 SDAR: block_causal; SimSD: simsd_temporal (docs/design.md, 3); Spiffy: block_copies (4).

@@ -21,12 +21,13 @@ from functools import partial
 
 import torch
 
-import cli, costs, fast, util
+import cli, fast
+from tools import costs, util
 from decode import check_prompt, generate
 from variants import simsd
-from calibrate import graph_path, load_graph
+from tools.calibrate import graph_path, load_graph
 from spiffy import spiffy_generate
-from counts import counting
+from tools.counts import counting
 
 DEFAULT_PROMPT = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. "
                   "How much does Max have now?\nAnswer:")

@@ -5,7 +5,7 @@ block's future states, built from the target's own last distribution.
   - A draft node is a set of reveals (i, j): "the position ranked i by confidence gets its
     j-th most likely token" (ranks). Node A is a parent of B if B reveals one step more and
     A's reveals are a subset of B's. The graph: the connected subgraph of the D reveal sets
-    most often seen following a state in plain decoding (calibrate, offline; calibrate.py
+    most often seen following a state in plain decoding (calibrate, offline; tools/calibrate.py
     writes the graphs next to the target's weights).
   - A round: the graph's nodes on the current state, from the last forward's ranks; the D*
     best kept (build_drafts); all verified in ONE forward of block copies and the rule walked
@@ -137,7 +137,7 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
     return out, dict(run, tokens_per_s=len(out) / run["seconds"], lookahead=1)
 
 
-# Calibration: the offline step that makes a graph (calibrate.py writes them next to the weights)
+# Calibration: the offline step making a graph (tools/calibrate.py writes them next to the weights)
 
 @torch.no_grad()
 def trajectories(model, prompt, max_new_tokens, rule, record):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from decode import (Advance, DecodeRule, Frontier, packed_index, stop_ids,
                     to_device, to_host)
-from counts import counting
+from tools.counts import counting
 from speculate import Draft, Settings, agree, correct, draft, simsd_generate
 from fast import first_true
 from verify import no_extra
@@ -36,7 +36,8 @@ from verify import no_extra
 LOOKUP_N = 3          # the longest n-gram lookup matches (docs/results.md: by measurement)
 LOOKUP_MIN_N = 3      # the shortest
 LOOKUP_CHANCE = (0.3, 0.85)   # lookup's guess that its first token is kept, and each next one
-                              # after it (fast.sized only; docs/lookup_keep.py: 0.12-0.57, 0.4-0.93)
+                              # after it (fast.sized only; experiments/lookup_keep.py measured
+                              # 0.12-0.57, 0.4-0.93)
 GATE = 0.9   # gated acceptance: the target confidence it accepts at
 REFERENCES, ACCEPTS = ("drafter", "trajectory", "lookup"), ("paper", "gated", "lossless")
 
@@ -174,7 +175,7 @@ def simsd(target, drafter, prompt, max_new_tokens=64, rule=None, acceptance="los
     copies "paper" or "gated"; the temporal verifier's is always the paper's), reference
     ("drafter", "trajectory", or "lookup" up to lookup_n-grams: no drafter), order ("tau", or
     the temporal path's ablation "position"); settings: speculate.Settings' fields. Its rounds
-    counted (counts.py)."""
+    counted (tools/counts.py)."""
     s = Settings(**settings)
     temporal = s.verifier == "temporal"
     check(temporal, acceptance, reference, lookup_n, gate, order)

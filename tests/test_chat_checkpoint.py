@@ -13,12 +13,12 @@ import shutil
 import pytest
 import torch
 
-import calibrate
+from tools import calibrate
 import cli
 import sample
-from checkpoint import save_pretrained
+from training.checkpoint import save_pretrained
 from conftest import make_model
-from tokenizer import load_tokenizer
+from training.tokenizer import load_tokenizer
 
 MASK, ENDOFTEXT, IM_END = 151669, 151643, 151645
 # not ChatML: special tokens, a default system turn, tojson, raise_exception, trim, and the

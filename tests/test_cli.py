@@ -11,23 +11,23 @@ import sentencepiece as spm
 import torch
 
 import bench
-import checkpoint
+from training import checkpoint
 import cli
 import fast
-import objective
+from training import objective
 import sample
-import sol
+from tools import sol
 import train
 from conftest import tiny_corpus
 from fixtures.record_greedy import FIXTURE, greedy
 from decode import generate
 from model import ModelConfig, Transformer
-from checkpoint import PRESETS
-from prepare import extract_answer, problems
+from training.checkpoint import PRESETS
+from training.prepare import extract_answer, problems
 from cli import DEFAULT_DRAFTER, DEFAULT_TARGET
 from speculate import simsd_generate
 from variants import simsd
-from tokenizer import load_tokenizer
+from training.tokenizer import load_tokenizer
 
 
 def last_json(text):
@@ -271,7 +271,7 @@ def test_mark_prompts_keeps_each_question_clean_and_pads_each_answer():
 
 def test_after_answer_counts_only_steps_with_the_answer_complete():
     from decode import DecodeRule
-    from report import AfterAnswer
+    from training.report import AfterAnswer
     rule = AfterAnswer(DecodeRule(3, 4), eos_id=2)
     logits = torch.randn(4, 10)
     for block, counted in (([3, 3, 3, 3], 0), ([5, 2, 3, 3], 1), ([3, 2, 3, 3], 0), ([2, 3, 3, 3], 1),
@@ -353,7 +353,7 @@ def test_speed_of_light_runs_on_a_tiny_preset(capsys):
     """bench.py --speed-of-light's figures, on the tiny preset: every forward row (B = 4, 8, 32
     and B = 4 with 8x the cache allocated) timed against the floor, each decoder's verification
     forward, and the loop."""
-    from sol import speed_of_light
+    from tools.sol import speed_of_light
     r = speed_of_light("tiny", cache_len=64, iters=2, new_tokens=8)
     assert [(f["block_size"], f["cache_rows"]) for f in r["forwards"]] == \
         [(4, 256), (8, 256), (32, 256), (4, 512)]
@@ -368,7 +368,7 @@ def test_speed_of_light_runs_on_a_tiny_preset(capsys):
 
 def test_plot_draws_a_bench_json_and_refuses_bad_input(tmp_path, monkeypatch):
     import sys
-    import plot
+    from tools import plot
     rows = [dict(method=m, block_size=B, tokens_per_target_fwd=t * B / 4, tokens_per_s=100 * t)
             for m, t in (("threshold", 2.0), ("spiffy", 1.5)) for B in (4, 8)]
     bench_json = tmp_path / "b.json"

@@ -20,9 +20,9 @@ from cli import RecompileLimitHits
 from conftest import make_model
 import fast
 from decode import DecodeRule, generate
-from checkpoint import PRESETS
+from training.checkpoint import PRESETS
 from speculate import Settings, simsd_generate
-from calibrate import calibrate
+from tools.calibrate import calibrate
 from spiffy import spiffy_generate
 
 MASK_ID, B = PRESETS["tiny"]["mask_token_id"], 4
@@ -105,7 +105,7 @@ def test_dynamic_compiling_keeps_every_graph_of_a_bench_run(compile_):
 
 @pytest.mark.parametrize("strategy", ["low_confidence_dynamic", "entropy_bounded"])
 def test_a_step_of_the_rule_traces_as_one_graph(strategy):
-    """Compiled (a decode step's rule in the forward's graph: docs/fused_step.py), the rule is
+    """Compiled (a decode step's rule in the forward's graph: experiments/fused_step.py), the rule is
     one graph, and it gives eager's block."""
     rule = DecodeRule(MASK_ID, B, strategy=strategy, threshold=0.6)
     logits = torch.randn(B, 97, generator=torch.Generator().manual_seed(0))

@@ -1,4 +1,4 @@
-"""Cost tables (costs.py) and counts that repeat, CPU:
+"""Cost tables (tools/costs.py) and counts that repeat, CPU:
 
 - a table is measured once, by its command, and written whole (atomically); read back it is the
   same cost model; one made for another device, dtype, model shape or block size, a malformed
@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import bench
-import checkpoint
-import costs
+from training import checkpoint
+from tools import costs
 import sample
 from conftest import ROOT, make_model
 

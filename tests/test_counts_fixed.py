@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fast  # noqa: E402
 from conftest import make_model  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
-from checkpoint import PRESETS  # noqa: E402
+from training.checkpoint import PRESETS  # noqa: E402
 from variants import simsd as simsd_generate  # noqa: E402
-from calibrate import calibrate
+from tools.calibrate import calibrate
 from spiffy import spiffy_generate as spiffy_core  # noqa: E402
-from counts import counting  # noqa: E402
+from tools.counts import counting  # noqa: E402
 from test_lookahead import RULES, pair, tokens  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decoding_counts.json"

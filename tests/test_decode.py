@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
+from training import checkpoint
 import fast
 from decode import STRATEGIES, DecodeRule, generate
 

@@ -19,10 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import checkpoint
+from training import checkpoint
 from conftest import tiny_corpus
 from model import ModelConfig, Transformer
-from checkpoint import PRESETS
+from training.checkpoint import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "models" / "target"
@@ -77,7 +77,7 @@ def small_model(d):
 
 
 def data(d, **files):
-    """A prepare.py data directory (the tests' tiny corpus) with files replaced or removed."""
+    """A training/prepare.py data directory (the tests' tiny corpus) with files replaced or removed."""
     out = tiny_corpus(d)
     for name, content in files.items():
         file(out, name, content)
@@ -98,7 +98,7 @@ def graph(**changes):
 
 WEIGHTS = (TARGET / "model.safetensors").read_bytes()
 SAMPLE, BENCH_DATA = "sample.py --target {t}", "bench.py --methods plain --data {t}"
-TRAIN, CALIBRATE = "train.py --preset tiny --data-dir {t}", "calibrate.py --target {t}"
+TRAIN, CALIBRATE = "train.py --preset tiny --data-dir {t}", "tools/calibrate.py --target {t}"
 # id -> (setup(d) -> a path for {t}, or None; the command; what its one line of stderr must
 # say). In the command {d} is the case's directory, the process's working directory too.
 CASES = {
@@ -268,13 +268,13 @@ CASES = {
                              "--resume: cannot read"),
     "train-out-dir-a-file": (data_and("f", "not a directory"), TRAIN + " --out-dir {d}/f", "is not a directory"),
     "train-finetune-first": (data, TRAIN + " --finetune --out-dir {d}/m", "--finetune: no model in"),
-    # calibrate.py
+    # tools/calibrate.py
     "calibrate-block-size-16-0": (target, CALIBRATE + " --block-size 16,0", "--block-size must be >= 1, got 0"),
     "calibrate-block-size-16": (target, CALIBRATE + " --block-size 4,16", "not 16"),
     "calibrate-block-size-not-numbers": (target, CALIBRATE + " --block-size 4,x", "comma-separated integers"),
     "calibrate-prompts-0": (target, CALIBRATE + " --prompts 0", "--prompts must be >= 1"),
     "calibrate-budget-0": (target, CALIBRATE + " --budget 0", "--budget must be >= 1"),
-    "calibrate-target-missing": (None, "calibrate.py --target {d}/nowhere", "does not exist"),
+    "calibrate-target-missing": (None, "tools/calibrate.py --target {d}/nowhere", "does not exist"),
     "calibrate-data-empty": (lambda d: target(d, **{"q.jsonl": ""}), CALIBRATE + " --data {t}/q.jsonl",
                              "holds no prompts"),
     "calibrate-data-no-question": (lambda d: target(d, **{"q.jsonl": '{"prompt": "2+2?"}\n'}),
@@ -292,18 +292,18 @@ CASES = {
                                 "eos_token_id [2, 4096] holds an id outside the vocabulary"),
     "generation-config-eos-text": (lambda d: target(d, **{"generation_config.json": '{"eos_token_id": "</s>"}'}),
                                    SAMPLE, "generation_config.json: eos_token_id must be an id"),
-    # prepare.py
-    "prepare-arith-fraction": (None, "prepare.py --out_dir {d}/data --arith_fraction 1.5",
+    # training/prepare.py
+    "prepare-arith-fraction": (None, "training/prepare.py --out_dir {d}/data --arith_fraction 1.5",
                                "--arith_fraction must be in [0, 1)"),
-    "prepare-vocab-size-small": (None, "prepare.py --out_dir {d}/data --vocab_size 10", "--vocab_size must be in"),
-    "prepare-vocab-size-large": (None, "prepare.py --out_dir {d}/data --vocab_size 70000", "--vocab_size must be in"),
-    "prepare-no-problems": (None, "prepare.py --out_dir {d}/data --n_val_arith 0", "--n_val_arith must be >= 1"),
-    "prepare-no-questions": (None, "prepare.py --out_dir {d}/data --questions {d}/q.jsonl --n_questions 0",
+    "prepare-vocab-size-small": (None, "training/prepare.py --out_dir {d}/data --vocab_size 10", "--vocab_size must be in"),
+    "prepare-vocab-size-large": (None, "training/prepare.py --out_dir {d}/data --vocab_size 70000", "--vocab_size must be in"),
+    "prepare-no-problems": (None, "training/prepare.py --out_dir {d}/data --n_val_arith 0", "--n_val_arith must be >= 1"),
+    "prepare-no-questions": (None, "training/prepare.py --out_dir {d}/data --questions {d}/q.jsonl --n_questions 0",
                              "--n_questions must be >= 1"),
-    "prepare-sdist-missing": (None, "prepare.py --out_dir {d}/data --sdist {d}/none.tar.gz", "does not exist"),
+    "prepare-sdist-missing": (None, "training/prepare.py --out_dir {d}/data --sdist {d}/none.tar.gz", "does not exist"),
     "prepare-sdist-wrong": (lambda d: file(d, "s.tar.gz", b"\x1f\x8b not the sdist"),
-                            "prepare.py --out_dir {d}/data --sdist {t}", "sha256 mismatch"),
-    "prepare-out-dir-a-file": (lambda d: file(d, "f", "x"), "prepare.py --out_dir {t}", "is not a directory"),
+                            "training/prepare.py --out_dir {d}/data --sdist {t}", "sha256 mismatch"),
+    "prepare-out-dir-a-file": (lambda d: file(d, "f", "x"), "training/prepare.py --out_dir {t}", "is not a directory"),
 }
 if not torch.cuda.is_available():
     CASES["cuda-without-gpu"] = (None, "sample.py --device cuda", "no GPU is available")
@@ -327,7 +327,9 @@ def tree(d):
 FORKER = """
 import gc, json, os, runpy, signal, sys
 sys.path[0] = sys.argv[1]
-import bench, calibrate, prepare, sample, spiffy, train, torch, model
+import bench, sample, spiffy, train, torch, model
+from tools import calibrate
+from training import prepare
 with torch.device("meta"):
     model.Transformer(model.ModelConfig())
 gc.freeze()  # else each child's exit walks (and so copies) the whole shared heap: 1 s

@@ -17,12 +17,12 @@ import fast
 from conftest import make_model
 from decode import DecodeRule, Frontier, Session, generate
 from model import Transformer
-from checkpoint import PRESETS
+from training.checkpoint import PRESETS
 import speculate
 import variants
-from calibrate import calibrate
+from tools.calibrate import calibrate
 import spiffy
-from counts import counting
+from tools.counts import counting
 from test_lookahead import pair
 from test_syncs import SyncCounter
 

@@ -1,4 +1,4 @@
-"""harness.py, the lm-evaluation-harness model, end to end through lm-eval on the embedded pair:
+"""tools/harness.py, the lm-evaluation-harness model, end to end through lm-eval on the embedded pair:
 a local task of five arithmetic problems (a JSONL file and a task YAML in tmp_path), offline.
 The outputs must be sample.py's own decoding of the same prompts, cut at the `until` strings,
 and the score must be computed from them."""
@@ -15,9 +15,9 @@ import torch
 
 import cli
 import sample
-import util
-from prepare import problems
-from tokenizer import load_tokenizer
+from tools import util
+from training.prepare import problems
+from training.tokenizer import load_tokenizer
 
 PROBLEMS = problems(5, "test")
 MAX_GEN_TOKS = 48
@@ -29,7 +29,7 @@ def harness(monkeypatch):
     pytest.importorskip("lm_eval")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    import harness
+    from tools import harness
     return harness
 
 
@@ -140,11 +140,11 @@ def test_bad_model_args_are_one_line(args, message, harness):
 
 
 def test_the_command_line(harness, tmp_path, monkeypatch, capsys):
-    """`python harness.py ARGS` is lm-eval's command line with sdar-spec known; bad input is one line."""
+    """`python tools/harness.py ARGS` is lm-eval's command line with sdar-spec known; bad input is one line."""
     from lm_eval.tasks import TaskManager
     write_tasks(tmp_path)   # (and only these tasks indexed: lm-eval's own thousands take 10 s)
     monkeypatch.setattr("lm_eval.tasks.TaskManager", functools.partial(TaskManager, include_defaults=False))
-    command = ["harness.py", "--model", "sdar-spec", "--tasks", "arith", "--include_path", str(tmp_path),
+    command = ["tools/harness.py", "--model", "sdar-spec", "--tasks", "arith", "--include_path", str(tmp_path),
                "--limit", "2", "--model_args"]
     for args in ("spec=none,device=cpu", "spec=none"):     # no device given: the CPU without a GPU
         if args == "spec=none" and torch.cuda.is_available():
@@ -161,9 +161,9 @@ def test_the_command_line(harness, tmp_path, monkeypatch, capsys):
 def test_without_lm_eval_a_one_line_error(monkeypatch):
     for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")] + ["lm_eval"]:
         monkeypatch.setitem(sys.modules, name, None)   # None: `import lm_eval...` raises ImportError
-    path = str(cli.ROOT / "harness.py")
+    path = str(cli.ROOT / "tools" / "harness.py")
     message = "harness.py needs the lm-evaluation-harness: pip install lm-eval"
     with pytest.raises(ImportError, match=f"^{re.escape(message)}$"):
         runpy.run_path(path, run_name="harness")                   # import harness
     with pytest.raises(SystemExit, match=f"^error: {re.escape(message)}$"):
-        runpy.run_path(path, run_name="__main__")                  # python harness.py
+        runpy.run_path(path, run_name="__main__")                  # python tools/harness.py

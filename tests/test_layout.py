@@ -1,27 +1,33 @@
 """The shape of the code a reader meets: imports that point one way (no module imports one
 that imports it back, even through others, and a lazy import inside a function counts too),
-and the size budgets of the README."""
+and the size budgets of the README. The reference and its command lines are the modules at the
+root; below them, the packages tools/ and training/ (modules named by package: tools.costs)."""
 import ast
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = {p.stem: p for p in ROOT.glob("*.py")}
+PACKAGES = ("tools", "training")
+MODULES = {p.stem: p for p in ROOT.glob("*.py")} | {f"{pkg}.{p.stem}": p for pkg in PACKAGES
+                                                    for p in (ROOT / pkg).glob("*.py")}
+SHORT = {m.rsplit(".", 1)[-1]: m for m in MODULES}   # costs -> tools.costs
 BUDGETS = {"sample.py": 160, "bench.py": 380, "model.py": 350, "train.py": 350, "speculate.py": 300,
            "spiffy.py": 300, "verify.py": 300, "variants.py": 300, "fast.py": 300}
 DECODERS = ("decode", "verify", "speculate", "spiffy", "fast", "variants", "mask", "model")   # lines <= 100 characters
 
 
 def imports(path, top_level_only=True):
-    """The project modules `path` imports (at module level only, unless told otherwise)."""
+    """The project modules `path` imports (at module level only, unless told otherwise), by
+    package path: `from tools import costs` and `from tools.costs import key` both import
+    tools.costs."""
     tree = ast.parse(path.read_text())
     nodes = tree.body if top_level_only else ast.walk(tree)
     names = set()
     for node in nodes:
         if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
+            names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
     return names & set(MODULES)
 
 
@@ -57,10 +63,11 @@ def test_the_cycle_finder_finds_one():
 def test_the_decoders_import_no_command_line():
     """decode, verify, speculate, spiffy, mask, model, checkpoint, tokenizer and objective never
     import the tools above them, not even lazily inside a function."""
-    tools = {"cli", "sample", "bench", "harness", "sol", "train", "plot", "report", "calibrate", "costs"}
+    tools = {SHORT[m] for m in ("cli", "sample", "bench", "harness", "sol", "train", "plot", "report",
+                                "calibrate", "costs")}
     for m in ("mask", "model", "checkpoint", "decode", "verify", "speculate", "spiffy", "fast",
               "variants", "tokenizer", "objective"):
-        assert not imports(MODULES[m], top_level_only=False) & tools, m
+        assert not imports(MODULES[SHORT[m]], top_level_only=False) & tools, m
 
 
 def reading_path(*roots):
@@ -101,12 +108,12 @@ def test_size_budgets():
 
 
 def test_the_training_recipe_is_a_valid_script_of_train_py_steps():
-    """train.sh (the embedded pair from nothing) parses, and each step's flags are its script's
-    (train.py's, or distill.py's)."""
+    """training/train.sh (the embedded pair from nothing) parses, and each step's flags are its
+    script's (train.py's, or training/distill.py's)."""
     import subprocess
-    script = ROOT / "train.sh"
+    script = ROOT / "training" / "train.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    flags = {kind: set(re.findall(r"--[a-z-]+", (ROOT / f"{name}.py").read_text()))
+    flags = {kind: set(re.findall(r"--[a-z-]+", MODULES[SHORT[name]].read_text()))
              for kind, name in (("step", "train"), ("distil", "distill"))}
     lines = script.read_text().splitlines()
     for line in lines:
@@ -118,17 +125,21 @@ def test_the_training_recipe_is_a_valid_script_of_train_py_steps():
 
 def test_the_core_imports_no_speed_device_and_no_variant():
     """The reference (mask, model, decode, verify, speculate, spiffy) is complete on its own:
-    fast.py's speed devices, counts.py's histograms and variants.py's ablations are composed
-    by the command lines."""
+    fast.py's speed devices, tools/counts.py's histograms and variants.py's ablations are
+    composed by the command lines."""
     for m in ("mask", "model", "decode", "verify", "speculate", "spiffy"):
-        assert not imports(MODULES[m], top_level_only=False) & {"fast", "variants", "costs", "counts"}, m
+        devices = {"fast", "variants", "tools.costs", "tools.counts"}
+        assert not imports(MODULES[m], top_level_only=False) & devices, m
 
 
 def prose():
-    """(where, text): the README and docs/design.md whole, and every docstring, comment and
-    string of the project's Python files (help texts included)."""
-    out = [(p.name, p.read_text()) for p in (ROOT / "README.md", ROOT / "docs" / "design.md")]
-    for p in [*ROOT.glob("*.py"), *ROOT.glob("tools/*.py"), *ROOT.glob("docs/*.py"), *ROOT.glob("tests/*.py")]:
+    """(where, text): the README, docs/design.md and the shell scripts whole, and every
+    docstring, comment and string of the project's Python files (help texts included)."""
+    out = [(str(p.relative_to(ROOT)), p.read_text())
+           for p in (ROOT / "README.md", ROOT / "docs" / "design.md", ROOT / "gpu_check.sh",
+                     ROOT / "training" / "train.sh")]
+    for p in [*ROOT.glob("*.py"), *(p for d in (*PACKAGES, "experiments", "tests", "tests/fixtures")
+                                    for p in ROOT.glob(f"{d}/*.py"))]:
         text = p.read_text()
         strings = [n.value for n in ast.walk(ast.parse(text))
                    if isinstance(n, ast.Constant) and isinstance(n.value, str)]
@@ -138,12 +149,15 @@ def prose():
 
 
 def test_every_file_and_name_the_docs_point_to_exists():
-    """Each Python file the prose mentions is a file of the project (at the root, or under the
-    path given), and each `module.name` of a project module (backticked in the README and
-    design notes, or in a docstring or help text) is a name that module defines."""
+    """Each Python file the prose mentions is a file of the project: under the path given
+    (tools/costs.py), or by its name alone (costs.py), and a command (python tools/costs.py)
+    names it by its path from the root, where the commands run. Each `module.name` of a project
+    module (backticked in the README and design notes, or in a docstring or help text; the
+    module by its name, costs, or its package path, tools.costs) is a name that module defines,
+    and each `package.module` is a module."""
     files = {str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if ".git" not in p.parts}
-    names = {p.name for p in ROOT.glob("*.py")} | {p.name for p in ROOT.glob("tests/*.py")} | files
-    names |= {"generate.py", "test_inner.py"}   # SDAR's own; one a test writes
+    others = {"generate.py", "test_inner.py"}   # SDAR's own; one a test writes
+    names = files | {Path(f).name for f in files} | others
     suffixes = {"py", "sh", "json", "jsonl", "md", "txt", "png", "model", "safetensors"}
     defined = {m: {n.name for n in ast.walk(ast.parse(MODULES[m].read_text()))
                    if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
@@ -154,7 +168,13 @@ def test_every_file_and_name_the_docs_point_to_exists():
         for f in re.findall(r"(?<![\w/.-])((?:[\w-]+/)*[A-Za-z_]\w*\.py)\b", text):
             if f not in names and not f.startswith(("torch/", "transformers/")):
                 missing.append(f"{where}: {f}")
-        for m, name in re.findall(r"`(\w+)\.(\w+)[`(]", text):
-            if m in MODULES and m not in ("model", "mask") and name not in defined[m] | suffixes:
+        for f in re.findall(r"\bpython\s+(?:-u\s+)?((?:[\w-]+/)*[A-Za-z_]\w*\.py)\b", text):
+            if f not in files | others:
+                missing.append(f"{where}: python {f}")
+        for m, name in re.findall(r"`((?:\w+\.)?\w+)\.(\w+)[`(]", text):
+            module = None if m in ("model", "mask") else m if m in MODULES else SHORT.get(m)
+            if module and name not in defined[module] | suffixes:
+                missing.append(f"{where}: {m}.{name}")
+            elif m in PACKAGES and f"{m}.{name}" not in MODULES:
                 missing.append(f"{where}: {m}.{name}")
     assert not missing, "pointers to nothing: " + "; ".join(sorted(set(missing)))

@@ -20,20 +20,20 @@ from functools import partial
 import pytest
 import torch
 
-import costs
+from tools import costs
 import fast
 import speculate
 from conftest import make_model
 from decode import DecodeRule, Frontier, Session, generate
-from checkpoint import PRESETS
+from training.checkpoint import PRESETS
 from variants import simsd as simsd_generate
 
-from calibrate import calibrate
-from counts import counting
+from tools.calibrate import calibrate
+from tools.counts import counting
 from spiffy import spiffy_generate as spiffy_core
 from verify import Guesses
 
-spiffy_generate = counting(spiffy_core)   # with its rounds counted (counts.py)
+spiffy_generate = counting(spiffy_core)   # with its rounds counted (tools/counts.py)
 
 MASK_ID, VOCAB = PRESETS["tiny"]["mask_token_id"], PRESETS["tiny"]["vocab_size"]
 NO_EOS = -1
@@ -200,7 +200,7 @@ def test_drafting_ahead_leaves_the_drafters_cache_where_it_was():
 
 @pytest.mark.parametrize("method", ["simsd", "spiffy"])
 def test_cost_sized_copies_never_change_the_output(method):
-    """The copies a round verifies are sized by a forward cost model (fast.cutter, costs.py):
+    """The copies a round verifies are sized by a forward cost model (fast.cutter, tools/costs.py):
     with a flat cost every copy is verified, with a steep one none but the open block; the
     tokens are plain decoding's either way, only the forward count moves."""
     B = 4

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 import mask
-import objective
+from training import objective
 from mask import dense_mask
 
 SIZES = [97, 130, 191]          # query lengths: off the block grid and off the 128-token tiles
@@ -237,8 +237,8 @@ def test_simsd_known_data_and_undrafted_slots_are_seen_by_every_section_token():
 def test_python_draw_masks_py_draws_every_rule_as_its_dense_mask():
     import subprocess
     import sys
-    from draw_masks import draw, examples
-    run = subprocess.run([sys.executable, "draw_masks.py"], cwd=ROOT_DIR, capture_output=True, text=True, timeout=900)
+    from tools.draw_masks import draw, examples
+    run = subprocess.run([sys.executable, "tools/draw_masks.py"], cwd=ROOT_DIR, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0 and run.stdout.count("\n\n") == len(examples())
     for title, mod, q_len, kv_len, q_labels, kv_groups in examples():
         assert title in run.stdout
@@ -250,11 +250,11 @@ def test_python_draw_masks_py_draws_every_rule_as_its_dense_mask():
 def test_the_png_needs_matplotlib_and_a_writable_path(monkeypatch, tmp_path):
     import subprocess
     import sys
-    from draw_masks import save_png
+    from tools.draw_masks import save_png
     monkeypatch.setitem(sys.modules, "matplotlib", None)       # as if it were not installed
     with pytest.raises(ValueError, match=r"--png needs matplotlib \(pip install matplotlib\)"):
         save_png(tmp_path / "m.png")
-    run = subprocess.run([sys.executable, "draw_masks.py", "--png", str(tmp_path / "no" / "m.png")], cwd=ROOT_DIR,
+    run = subprocess.run([sys.executable, "tools/draw_masks.py", "--png", str(tmp_path / "no" / "m.png")], cwd=ROOT_DIR,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 1 and run.stderr.startswith("error: --png") and run.stderr.count("\n") == 1
     assert not (tmp_path / "no").exists()

@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import checkpoint
+from training import checkpoint
 import mask
 from decode import DecodeRule, generate
 from model import ModelConfig, RMSNorm, rope
-from checkpoint import PRESETS
+from training.checkpoint import PRESETS
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 NO_EOS = -1     # an eos_id that never occurs: fixed-length output

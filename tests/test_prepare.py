@@ -1,5 +1,5 @@
 """
-Tests for prepare.py: the arithmetic generator, answer extraction, Gutenberg stripping,
+Tests for training/prepare.py: the arithmetic generator, answer extraction, Gutenberg stripping,
 text chunking and the tokenizer settings. Fast and offline (nothing is downloaded).
 
 Run:  python -m pytest tests/test_prepare.py -q
@@ -12,7 +12,7 @@ import pytest
 import sentencepiece as spm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # make the repo root importable
-import prepare
+from training import prepare
 
 # ----------------------------------------------------------------------------- arithmetic problems
 

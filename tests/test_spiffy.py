@@ -22,13 +22,13 @@ import fast
 import spiffy
 from conftest import make_model
 from decode import DecodeRule, generate, to_host
-from checkpoint import PRESETS
-from calibrate import load_graph
-from calibrate import calibrate, graph_rule
+from training.checkpoint import PRESETS
+from tools.calibrate import load_graph
+from tools.calibrate import calibrate, graph_rule
 from spiffy import build_drafts, ranks
-from counts import counting
+from tools.counts import counting
 
-spiffy_generate = counting(spiffy.spiffy_generate)   # with its rounds counted (counts.py)
+spiffy_generate = counting(spiffy.spiffy_generate)   # with its rounds counted (tools/counts.py)
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 NO_EOS = -1     # an eos_id that never occurs: fixed-length output

@@ -4,7 +4,7 @@ loss."""
 import numpy as np
 import torch
 
-import objective
+from training import objective
 from conftest import make_model
 
 EOS, ANSWER = 0, 3               # token ids: the end of a document, "Answer:"

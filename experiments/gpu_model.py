@@ -3,7 +3,7 @@ same runs priced by forwards alone (weight reads or compute, the model before 20
 with each model's launch-bound floor and the host syncs the decoders make (counted by
 decode.to_host). Counts are exact: the figures repeat run to run.
 
-    python docs/gpu_model.py 40        # held-out problems, B = 4 and 8, threshold rule
+    python experiments/gpu_model.py 40        # held-out problems, B = 4 and 8, threshold rule
 """
 import sys
 from collections import Counter
@@ -12,9 +12,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cli  # noqa: E402
 from bench import runner  # noqa: E402
-from calibrate import graphs_for  # noqa: E402
-from prepare import calibration_prompts, load_tasks  # noqa: E402
-from sol import GPU_MODEL, modelled_gpu_cost  # noqa: E402
+from tools.calibrate import graphs_for  # noqa: E402
+from training.prepare import calibration_prompts, load_tasks  # noqa: E402
+from tools.sol import GPU_MODEL, modelled_gpu_cost  # noqa: E402
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 40
 target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", (4, 8))

@@ -20,11 +20,11 @@ kernels the parts before it launched): the shares are of a synced run, slower th
 The last column: a drafter forward's time against a verification (target) forward's in the
 same method, and against threshold's own target forward.
 
-    python docs/round_costs.py                    # B = 4 and 8, 40 problems, eager
-    python docs/round_costs.py --prompts 20 --block-size 4,8,32 --compile
-    python docs/round_costs.py --compile drafter   # the drafter compiled, the target eager
-    python docs/round_costs.py --device cuda --dtype bfloat16 --compile   # gpu_check.sh's
-    python docs/round_costs.py --ops              # aten ops a token instead: exact, no clock
+    python experiments/round_costs.py                    # B = 4 and 8, 40 problems, eager
+    python experiments/round_costs.py --prompts 20 --block-size 4,8,32 --compile
+    python experiments/round_costs.py --compile drafter   # the drafter compiled, the target eager
+    python experiments/round_costs.py --device cuda --dtype bfloat16 --compile   # gpu_check.sh's
+    python experiments/round_costs.py --ops              # aten ops a token instead: exact, no clock
 
 --ops counts the aten ops each part dispatches (a dispatch mode, eager only) instead of timing
 it: counts repeat exactly, and on a CPU, where a small op costs its dispatch, the share of ops
@@ -42,16 +42,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import calibrate  # noqa: E402
+from tools import calibrate  # noqa: E402
 import cli  # noqa: E402
-import costs  # noqa: E402
+from tools import costs  # noqa: E402
 import decode  # noqa: E402
 import fast  # noqa: E402
 import speculate  # noqa: E402
 import spiffy  # noqa: E402
 import variants  # noqa: E402
 import verify  # noqa: E402
-from prepare import load_tasks  # noqa: E402
+from training.prepare import load_tasks  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("--prompts", type=int, default=40)

@@ -4,23 +4,26 @@ sets that followed each state, the connected subgraph of the D most frequent), w
 small JSON file next to the target's weights, one per block size and decoding rule, that
 load_graph reads (bench.py calibrates a missing one in memory: graphs_for).
 
-    python calibrate.py                     # models/target/spiffy_graph_b{4,8,32}_{static,t0.9}.json
-    python calibrate.py --strategy sequential --block-size 8   # another SDAR strategy
-    python calibrate.py --target ~/SDAR-8B-Chat --block-size 4 --threshold 0.9 \\
+    python tools/calibrate.py               # models/target/spiffy_graph_b{4,8,32}_{static,t0.9}.json
+    python tools/calibrate.py --strategy sequential --block-size 8   # another SDAR strategy
+    python tools/calibrate.py --target ~/SDAR-8B-Chat --block-size 4 --threshold 0.9 \\
         --data gsm8k_calib.jsonl --chat --prompts 25   # a chat model, on prompts like its task
 """
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
-import util
-from cli import check_block_size, load, make_rule
-from decode import EB_THRESHOLD, STRATEGIES
-from prepare import problems
-from spiffy import calibrate, graph_rule
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tools import util  # noqa: E402
+from cli import check_block_size, load, make_rule  # noqa: E402
+from decode import EB_THRESHOLD, STRATEGIES  # noqa: E402
+from training.prepare import problems  # noqa: E402
+from spiffy import calibrate, graph_rule  # noqa: E402
 
 
 def load_graph(path, rule):
@@ -53,7 +56,7 @@ def calibrate_command(target_dir, rule):
     extra = {"low_confidence_static": "",
              "low_confidence_dynamic": f" --threshold {rule.threshold:g}",
              "entropy_bounded": f" --strategy entropy_bounded --eb-threshold {rule.eb_threshold:g}"}
-    return (f"python calibrate.py --target {target_dir} --block-size {rule.block_size}"
+    return (f"python tools/calibrate.py --target {target_dir} --block-size {rule.block_size}"
             + extra.get(rule.strategy, f" --strategy {rule.strategy}"))
 
 

@@ -1,17 +1,20 @@
-"""The quality figures of docs/results.md (`python train.py --report`, or `python report.py
---target DIR` for another pair): held-out masked-token loss (`evaluate`, which training logs
-too), greedy accuracy on held-out problems with how often an answer's people and things come
-from its question, and drafter/target agreement."""
+"""The quality figures of docs/results.md (`python train.py --report`, or
+`python training/report.py --target DIR` for another pair): held-out masked-token loss
+(`evaluate`, which training logs too), greedy accuracy on held-out problems with how often an
+answer's people and things come from its question, and drafter/target agreement."""
+import sys
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-import mask as masks
-from cli import load
-from decode import DecodeRule, generate
-from objective import BLOCK_SIZES, Batches, bd3lm_loss, bd3lm_training
-from prepare import entities_copied, extract_answer, problems
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import mask as masks  # noqa: E402
+from cli import load  # noqa: E402
+from decode import DecodeRule, generate  # noqa: E402
+from training.objective import BLOCK_SIZES, Batches, bd3lm_loss, bd3lm_training  # noqa: E402
+from training.prepare import entities_copied, extract_answer, problems  # noqa: E402
 
 # the decoding rules the report measures: name -> DecodeRule keywords
 RULES = {"one token a step": {}, "threshold 0.9": dict(strategy="low_confidence_dynamic", threshold=0.9)}
@@ -126,12 +129,12 @@ def report(target_dir="models/target", drafter_dir="models/drafter", data_dir="d
 
 
 if __name__ == "__main__":
-    import util
+    from tools import util
     ap = util.ArgumentParser(description="The quality figures of a target/drafter pair "
                              "(python train.py --report: the embedded pair).")
     ap.add_argument("--target", default="models/target", help="target checkpoint directory")
     ap.add_argument("--drafter", default="models/drafter", help="drafter checkpoint directory")
-    ap.add_argument("--data-dir", default="data", help="prepare.py's output")
+    ap.add_argument("--data-dir", default="data", help="training/prepare.py's output")
     ap.add_argument("--problems", type=int, default=200, help="held-out problems to decode")
     a = ap.parse_args()
     util.run(lambda: util.check_positive(problems=a.problems)

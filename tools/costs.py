@@ -5,8 +5,8 @@ fast.cutter) and never time anything themselves, so the same prompt, settings an
 give the same tokens, forwards and stats on every run. Without a table every copy a proposer
 makes is verified (its own budget: --gamma and --lookahead, or D*).
 
-    python costs.py --target models/target                  # cost_b{4,8,32}_float32_<this CPU>.json
-    python costs.py --target ~/SDAR-8B-Chat --device cuda --dtype bfloat16 --block-size 4
+    python tools/costs.py --target models/target            # cost_b{4,8,32}_float32_<this CPU>.json
+    python tools/costs.py --target ~/SDAR-8B-Chat --device cuda --dtype bfloat16 --block-size 4
 """
 import argparse
 import bisect
@@ -14,17 +14,20 @@ import itertools
 import json
 import platform
 import re
+import sys
 import time
 from datetime import date
 from pathlib import Path
 
 import torch
 
-import util
-from checkpoint import from_pretrained
-from cli import check_block_size, check_device
-from decode import Session
-from verify import Guesses, verify_copies
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tools import util  # noqa: E402
+from training.checkpoint import from_pretrained  # noqa: E402
+from cli import check_block_size, check_device  # noqa: E402
+from decode import Session  # noqa: E402
+from verify import Guesses, verify_copies  # noqa: E402
 
 COPIES = (1, 2, 4, 8, 16)   # the copy counts measured; linear between them and past the last
 
@@ -128,7 +131,7 @@ def find(target_dir, model, B):
     if not path.is_file():
         others = [p.name for p in sorted(path.parent.glob(f"cost_b{B}_{key(model, B)['dtype']}_*.json"))]
         none = f"no cost table for this device (there: {', '.join(others)})" if others else "no cost table"
-        return None, f"{none}; every copy verified (python costs.py --target {target_dir})"
+        return None, f"{none}; every copy verified (python tools/costs.py --target {target_dir})"
     t = read_table(path)
     if any(t.get(k) != v for k, v in key(model, B).items()):
         return None, f"no cost table for this device ({path.name} is for {t.get('device')})"

@@ -10,7 +10,7 @@ verified (no cost model: the counts a GPU's nearly free copies would give):
     step was a state the drafter did not pass through; "every draft accepted": the drafter
     stopped (draft_stop, gamma, K).
 
-    python docs/ceiling.py 200          # problems
+    python experiments/ceiling.py 200          # problems
 """
 import sys
 from collections import Counter
@@ -19,10 +19,11 @@ import torch
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
-from prepare import problems  # noqa: E402
-from speculate import simsd_generate  # noqa: E402
-from counts import counting  # noqa: E402
-from calibrate import graph_path, load_graph  # noqa: E402
+from training.prepare import problems  # noqa: E402
+import fast  # noqa: E402
+from speculate import Settings, simsd_generate  # noqa: E402
+from tools.counts import counting  # noqa: E402
+from tools.calibrate import graph_path, load_graph  # noqa: E402
 from spiffy import spiffy_generate  # noqa: E402
 
 torch.set_num_threads(1)
@@ -44,7 +45,8 @@ for B in (4, 8, 32):
     for K in (0, 1, 2):
         tokens, forwards, ends = 0, 0, Counter()
         for ids in prompts:
-            out, st = counting(simsd_generate)(target, drafter, ids, 64, rule, lookahead=K)
+            out, st = counting(simsd_generate)(target, drafter, ids, 64, rule,
+                                               Settings(lookahead=K, draft=fast.draft))
             tokens, forwards = tokens + st["tokens"], forwards + st["nfe"]
             ends.update(st["round_ends"])
         print(f"B={B:2d} simsd lookahead {K}: {tokens / forwards:.2f} tokens a target forward; "

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-import checkpoint
-from checkpoint import PRESETS
+from training import checkpoint
+from training.checkpoint import PRESETS
 from decode import DecodeRule, Session, generate, packed_rows
 from model import ModelConfig, Transformer
 from cli import compile_model
@@ -46,7 +46,7 @@ from verify import Guesses, verify_copies, walk
 # kernels: binding for the drafter, 28 layers of 0.7 ms of weights, not for the target).
 # A host sync idles the GPU for `sync_s` (the host's Python work between reading a result
 # and the next launch). layer_s and sync_s are guesses of the right order; a GPU run replaces
-# them: sync_s by a round's wall time less its forwards' (docs/round_costs.py on the GPU),
+# them: sync_s by a round's wall time less its forwards' (experiments/round_costs.py on the GPU),
 # layer_s by a drafter-shaped forward (bench.py --speed-of-light sdar-1.7b --compile).
 GPU_MODEL = dict(pair="SDAR-8B + SDAR-1.7B on an H200, bf16 (modelled)", target="sdar-8b",
                  drafter="sdar-1.7b", bandwidth=4.8e12, flops=989e12, layer_s=30e-6, sync_s=0.2e-3)

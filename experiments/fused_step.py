@@ -6,7 +6,7 @@ Then why the shipped decoders cannot take the last way as it stands: the rule co
 step indices of a B = 32 block compiles a graph for each (the step index is read on the host).
 docs/results.md, "A greedy step without a softmax, and one compiled graph for a step".
 
-    python docs/fused_step.py 300
+    python experiments/fused_step.py 300
 """
 import copy
 import statistics

@@ -4,7 +4,7 @@ after a compiled forward of the target (4 masked rows of a B = 4 block after 120
 median of 400 steps each, taken in turns). To compare two versions of decode.py, run this in a
 checkout of each, in turns (`git worktree add`).
 
-    python docs/rule_cost.py
+    python experiments/rule_cost.py
 """
 import copy
 import statistics

@@ -4,7 +4,7 @@ pair, and a decode forward's time (4 query rows after 64 cached; old and new tak
 the mean of 100 forwards a turn, 15 turns), eager and on a compiled copy (fast.compile_dynamic:
 the compiler fuses these ops itself, so there the two forms should cost about the same).
 
-    python docs/forward_ops.py
+    python experiments/forward_ops.py
 """
 import copy
 import statistics

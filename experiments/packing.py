@@ -3,7 +3,7 @@
 after (so the tokens stay the same). Interleaved prompt by prompt, medians of tokens/s,
 greedy threshold rule, on the embedded target, for plain decoding and Spiffy at B = 4 and 32.
 
-    python docs/packing.py              # 16 held-out problems; ~2 minutes on 2 CPU cores
+    python experiments/packing.py              # 16 held-out problems; ~2 minutes on 2 CPU cores
 """
 import statistics
 import sys
@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import cli  # noqa: E402
 import decode  # noqa: E402
-from calibrate import graphs_for  # noqa: E402
+from tools.calibrate import graphs_for  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
-from prepare import load_tasks  # noqa: E402
+from training.prepare import load_tasks  # noqa: E402
 from spiffy import spiffy_generate  # noqa: E402
 
 model, tok = cli.load(ROOT / "models" / "target")

@@ -1,12 +1,17 @@
 """Every attention rule of mask.py drawn for a small example (B = 4, one block of cache): a
 character grid from the same closures decoding runs, and with --png a picture.
 
-    python draw_masks.py                      # the grids
-    python draw_masks.py --png docs/masks.png # and the picture (needs matplotlib)
+    python tools/draw_masks.py                      # the grids
+    python tools/draw_masks.py --png docs/masks.png # and the picture (needs matplotlib)
 """
+import sys
+from pathlib import Path
+
 import torch
 
-from mask import block_causal, block_copies, dense_mask, simsd_temporal
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from mask import block_causal, block_copies, dense_mask, simsd_temporal  # noqa: E402
 
 
 def draw(mask_mod, q_len, kv_len, q_labels, kv_groups):
@@ -81,9 +86,7 @@ def save_png(path, B=4):
 
 
 if __name__ == "__main__":
-    import sys
-
-    import util
+    from tools import util
     ap = util.ArgumentParser(description="Draw every attention rule of the project (B = 4, one "
                              "block of cache) as a character grid; --png also saves a picture.")
     ap.add_argument("--png", default=None, help="also write the pictures to this PNG (needs matplotlib)")

@@ -3,7 +3,7 @@
 shapes, as cli.compile_model), prompt by prompt in turns; two warm-up passes; the tokens must
 be the same. docs/results.md, "A greedy step without a softmax, and one compiled graph for a step".
 
-    python docs/compile_rule.py 40 4
+    python experiments/compile_rule.py 40 4
 """
 import sys
 import time
@@ -14,10 +14,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench  # noqa: E402
 import cli  # noqa: E402
-import costs  # noqa: E402
+from tools import costs  # noqa: E402
 from decode import DecodeRule  # noqa: E402
 from fast import many_graphs  # noqa: E402
-from prepare import load_tasks  # noqa: E402
+from training.prepare import load_tasks  # noqa: E402
 
 torch.set_num_threads(2)
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 40

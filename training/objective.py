@@ -1,5 +1,5 @@
 """The BD3-LM / SDAR training objective and its batches (docs/design.md, section 5): what
-train.py trains with and report.py evaluates with.
+train.py trains with and training/report.py evaluates with.
 
 - Batches: random windows of clean tokens x_0 from a uint16 token file; for stage two the
   question of each arithmetic document is marked (mark_prompts) so it is never noised, and
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import mask as masks
-from prepare import ENTITIES
+from training.prepare import ENTITIES
 
 BLOCK_SIZES = (4, 8, 32)
 
@@ -52,7 +52,7 @@ class Batches:
                  copy_ids=(), copy_weight=1.0):
         path = Path(path)
         if not path.is_file() or path.stat().st_size == 0:
-            raise FileNotFoundError(f"corpus file {path} is missing or empty (run prepare.py)")
+            raise FileNotFoundError(f"corpus file {path} is missing or empty (run training/prepare.py)")
         if path.stat().st_size % 2:
             raise ValueError(f"corpus file {path} is not uint16 tokens (odd size)")
         self.data = np.fromfile(path, dtype=np.uint16)

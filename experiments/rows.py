@@ -5,7 +5,7 @@
     at 1-36 rows: the first is not monotone in the rows on this CPU.
 Medians of 15 runs.
 
-    python docs/rows.py 2       # threads
+    python experiments/rows.py 2       # threads
 """
 import statistics
 import sys

@@ -4,7 +4,7 @@ answers that name the question's people and things. Problems 0-199 are the repor
 training recipes were chosen on; 200-1199 judged the copying target; 1200-2199 judged the
 B = 32 phase (no recipe was chosen on them).
 
-    python docs/accuracy.py 200 1200 models/target tests/fixtures/sdar_target   # shipped, before copying
+    python experiments/accuracy.py 200 1200 models/target tests/fixtures/sdar_target   # shipped, before copying
 """
 import sys
 from pathlib import Path
@@ -14,8 +14,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cli import load  # noqa: E402
 from decode import DecodeRule  # noqa: E402
-from prepare import problems  # noqa: E402
-from report import AfterAnswer, decode_problems  # noqa: E402
+from training.prepare import problems  # noqa: E402
+from training.report import AfterAnswer, decode_problems  # noqa: E402
 
 torch.set_num_threads(1)
 start, end, targets = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]

@@ -4,14 +4,17 @@ and the modelled GPU cost (target-forward equivalents per token, bench.py's GPU 
 times cheaper than the threshold rule's. Reads the JSON of `bench.py --out`.
 
     python bench.py --block-size 4,8,32 --prompts 40 --repeats 3 --out docs/bench.json
-    python plot.py docs/bench.json docs/bench.png
+    python tools/plot.py docs/bench.json docs/bench.png
 
 matplotlib is needed for this picture only (pip install matplotlib).
 """
 import argparse
 import sys
+from pathlib import Path
 
-import util
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tools import util  # noqa: E402
 
 
 def plot(bench_json, png):

@@ -167,7 +167,7 @@ class Session:
         self.committed, self.queries_at, self.pending, self.nfe = 0, 0, None, 0
         self.rows = Counter()   # query rows a forward -> forwards (bench.py's modelled GPU cost)
 
-    def forward(self, tokens, pos, mask_for=None, keep=None, rows=None):
+    def forward(self, tokens, pos, mask_for=None, *, keep, rows=None):
         """One forward of [pending ; tokens]. mask_for(prefix, n_commit) builds the mask_mod
         (prefix: committed rows; n_commit: the pending block's rows; default: block-causal);
         -> (keep, V) logits, or (M, V) for `rows` (M,) of the kept rows only (packed)."""

@@ -50,7 +50,7 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
         can = masked & (block_of == active) & alive
         conf = rule.best(logits)[1].masked_fill(~can, -1.0)
         rank = conf.sort(descending=True, stable=True).indices.argsort()  # each position's
-        n = (conf > threshold).sum().clamp(min=1) if threshold else torch.ones_like(active)
+        n = (conf.double() > threshold).sum().clamp(min=1) if threshold else torch.ones_like(active)
         reveal = can & (rank < torch.minimum(n, gamma - (tau > 0).sum()))
         p, tok = rule.probs(logits), rule.pick(logits, generator)[0]
         window = torch.where(reveal, tok, window)
@@ -58,7 +58,7 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
         p_at = p if p_at is None else torch.where(reveal[:, None], p, p_at)
         if stop:                                   # the best confidence left, below `stop`
             best_left = conf.masked_fill(reveal, -1.0).amax()
-            alive &= (best_left < 0) | (best_left >= stop)
+            alive &= (best_left < 0) | (best_left.double() >= stop)   # (as the loop compares)
     reach = p_at.gather(-1, window[:, None]).squeeze(-1)
     tokens, tau, key, reach = to_host(window, tau, key, reach)          # the one host sync
     at = sorted((i for i in range(W) if tau[i]), key=key.__getitem__)

@@ -1,11 +1,11 @@
 """Every attention rule of the project, as FlexAttention `mask_mod` closures.
 
-A mask_mod (b, h, q_idx, kv_idx) -> bool is True where the query may attend to the key. The
-same closure drives flex_attention (block_mask) and SDPA (dense_mask): one source of truth,
-and a dense reference for the tests (python tools/draw_masks.py draws them). Closures capture
-tensors, never ints (compiled, an int is a constant or a symbol that inductor's CPU flex code
-mangles: docs/results.md). Keys are [cache ; queries]: query q_idx is key `prefix + q_idx`.
-SDAR: block_causal; SimSD: simsd_temporal (docs/design.md, 3); Spiffy: block_copies (4).
+A mask_mod (b, h, q_idx, kv_idx) -> bool is True where the query may attend to the key. One
+closure drives flex_attention (block_mask) and SDPA (dense_mask), and is the tests' dense
+reference (python tools/draw_masks.py draws them). Closures capture tensors, never ints (an int
+compiles to a constant or a symbol that inductor's CPU flex code mangles: docs/results.md).
+Keys are [cache ; queries]: query q_idx is key `prefix + q_idx`. SDAR: block_causal; SimSD's
+paper path: simsd_temporal (docs/design.md, 3); the lossless paths: block_copies (4).
 """
 import torch
 from torch.nn.attention.flex_attention import create_block_mask

@@ -8,10 +8,11 @@ docs/design.md, section 3 (after the SimSD paper). Each round of the loop (decod
           temporal (the paper's): ONE forward over [data section | mask section] under the
           token-level temporal mask (verify_temporal), the drafts accepted along tau
           (accept_temporal), greedy or sampled; not lossless.
-`sample.py --spec simsd` runs simsd_generate with fast.draft and fast.walk (draft and verify.walk
-with one host sync a round). variants.py: SimSD without a drafter; the ablations.
+`sample.py --spec simsd` runs simsd_generate through variants.simsd with fast.draft, fast.walk
+(draft, verify.walk: one host sync a round) and fast.cutter (the copies a cost table pays for).
 """
 from dataclasses import dataclass, replace
+from itertools import accumulate, count
 
 import torch
 
@@ -36,7 +37,7 @@ class Draft:
 
 @dataclass
 class Settings:
-    """SimSD's settings (sample.py's flags of the same names; None: a default by block size),
+    """SimSD's settings (sample.py's --verify, --lookahead, ...; None: a default by block size),
     then the parts fast.py and variants.py swap in (None: this file's, or nothing)."""
     verifier: str = "copies"     # "copies": lossless; "temporal": the paper's (verify_temporal)
     lookahead: int = None        # blocks past the open one a round drafts (copies: LOOKAHEAD)
@@ -66,8 +67,8 @@ class Settings:
         """Refuse settings that are unknown or that the verifier cannot honour. -> self."""
         k, g, n, v = self.lookahead, self.gamma, self.draft_steps, self.verifier
         if v not in ("copies", "temporal") or not (v == "temporal" or self.rope_copy):
-            raise ValueError(f"unknown verifier (--verify) {v!r} (copies or temporal),"
-                             " or the rope-copy ablation, for the temporal verifier only")
+            raise ValueError(f"--verify {v!r}, rope_copy={self.rope_copy}: the verifier is copies"
+                             " or temporal, and the rope-copy ablation is the temporal one's")
         if k is not None and (type(k) is not int or k < 0 or k and v == "temporal"):
             raise ValueError(f"--lookahead must be an int >= 0 (0 with --verify temporal): {k!r}")
         if any(x is not None and x < 1 for x in (g, n)):
@@ -108,8 +109,8 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
         if s.draft_stop and masked[n:] and conf[masked[n]] < s.draft_stop:
             break
     d.p_draft = torch.stack(p_draft)      # reach: the running product of p_draft(d_i)
-    p = d.p_draft.gather(-1, to_device(d.tokens, pos.device)[:, None])[:, 0]
-    d.reach, = to_host(p.double().cumprod(0))
+    p, = to_host(d.p_draft.gather(-1, to_device(d.tokens, pos.device)[:, None])[:, 0])
+    d.reach = list(accumulate(p, lambda a, b: a * b))
     return d
 
 
@@ -124,7 +125,7 @@ def drafted_states(front, d, ahead, stops, mask_id, every=True):
         states.append(list(state)), after.append(complete), reach.append(odds), drafted.append(n)
     state, block = list(front.host), 0
     for i, p in enumerate(d.pos):
-        if p // B > block:                   # on into the next block, after its complete copy
+        if p // B > block:   # the next block, after the last copy: complete (steps stay in a block)
             block, state = p // B, [mask_id] * B
             add(state, len(states) - 1, reach[-1], i)
         state[p % B] = d.tokens[i]
@@ -255,10 +256,10 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, settin
         if ((d := drafter.config).vocab_size, d.mask_token_id) != (c.vocab_size, c.mask_token_id):
             raise ValueError("drafter and target differ in vocabulary size or mask token id")
         sessions.append(Session(drafter, B, longest + (s.lookahead + 4) * B, s.fuse_commit))
-        stream = torch.Generator(sessions[0].device).manual_seed(   # the drafter's own draws
-            (generator or torch).initial_seed() + 1)
+        seed, rounds = (generator or torch).initial_seed() + 1, count()   # the drafter's own
+        stream = torch.Generator(sessions[0].device)        # draws, seeded afresh each round
         s.propose = lambda front, ahead: (s.draft or draft)(
-            sessions[1], front, rule, s, ahead, stops, stream)
+            sessions[1], front, rule, s, ahead, stops, stream.manual_seed(seed + next(rounds)))
     one_round = temporal_round(sessions[0], rule, s, generator, counts) if s.verifier == \
         "temporal" else copies_round(sessions[0], rule, s, stops, generator, counts)
     out, run = round_loop(one_round, sessions, ids, rule, max_new_tokens, stops, on_block)

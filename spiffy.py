@@ -3,10 +3,10 @@
 docs/design.md, section 4 (after the Spiffy paper). No drafter: the drafts are guesses of the
 block's future states, built from the target's own last distribution.
   - A draft node is a set of reveals (i, j): "the position ranked i by confidence gets its
-    j-th most likely token" (ranks). Node A is a parent of B if B reveals one step more and
-    A's reveals are a subset of B's. The graph: the connected subgraph of the D reveal sets
-    most often seen following a state in plain decoding (calibrate, offline; tools/calibrate.py
-    writes the graphs next to the target's weights).
+    j-th most likely token" (ranks). Node A is a parent of B if A's reveals are a subset of B's
+    (exactly one fewer under a one-token-a-step rule). The graph: the connected subgraph of the
+    D reveal sets most often seen following a state in plain decoding (calibrate, offline;
+    tools/calibrate.py writes the graphs next to the target's weights).
   - A round: the graph's nodes on the current state, from the last forward's ranks; the D*
     best kept (build_drafts); all verified in ONE forward of block copies and the rule walked
     through them (verify.py): plain decoding's output, token for token. After a draft that

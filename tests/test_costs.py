@@ -136,6 +136,19 @@ def counts(stats):
     return {k: v for k, v in stats.items() if k not in TIMED}
 
 
+def test_cost_table_none_verifies_every_copy(tmp_path, steep_table, capsys):
+    """--cost-table none, as the help says: no table, even where one sits next to the weights;
+    the text a cost table gives, in fewer forwards than a steep table's."""
+    model = make_model(block_size=4)
+    costs.table_path(tmp_path, model, 4).write_text(json.dumps(good_table(model, 4)))
+    assert costs.cost_model(tmp_path, model, 4)[0] is not None            # one is there,
+    assert costs.cost_model(tmp_path, model, 4, "none")[0] is None        # and not used
+    (out, st), (every, st_every) = (sample.main(spec="simsd", cost_table=t, as_json=True)
+                                    for t in (steep_table, "none"))
+    capsys.readouterr()
+    assert every == out and st_every["nfe"] < st["nfe"]
+
+
 @pytest.fixture(scope="module")
 def steep_table(tmp_path_factory):
     """A table for the embedded target on this machine whose copies cost steeply: sizing cuts."""

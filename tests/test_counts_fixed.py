@@ -20,6 +20,12 @@ a block finished ahead is always kept from its copy (the setting that chose it i
 token of the 96 runs stayed; the 62 runs that kept blocks kept every count; the others kept
 their forwards and lost the fused rows of their kept blocks.
 
+Re-recorded 2026-12-06: the drafter's random stream is seeded afresh each round (from the
+run's seed and the round's index), so speculate.draft, which stops when the drafter does, and
+fast.draft, which runs its fixed number of forwards, write the same text. 16 runs moved, all
+sampled SimSD runs (13 paper, gated or temporal runs, 12 of them in tokens; 3 lossless runs in
+counts only); no greedy run and no lossless token moved (experiments/draft_loop.py).
+
 A change that moves counts on purpose rewrites the fixture, and says so:
     python tests/test_counts_fixed.py --write
 """
@@ -32,8 +38,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fast  # noqa: E402
 from conftest import make_model  # noqa: E402
+import fast  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
 from training.checkpoint import PRESETS  # noqa: E402
 from variants import simsd as simsd_generate  # noqa: E402

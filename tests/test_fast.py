@@ -10,6 +10,8 @@ tested in tests/test_lookahead.py; compile_dynamic's in tests/test_compile.py.)
 
 Run: python -m pytest tests/test_fast.py -q
 """
+import itertools
+
 import pytest
 import torch
 
@@ -82,7 +84,7 @@ def test_the_one_sync_draft_drafts_what_the_drafters_loop_drafts(temperature):
         front, first = Frontier(torch.tensor(host), torch.arange(8, 8 + B), B - known, host), None
         for case, (steps, threshold, stop, gamma, stop_id) in enumerate((
                 (12, None, None, 12, False), (3, 1e-9, None, 12, False), (12, 0.02, None, 5, False),
-                (12, None, 0.5, 12, False), (12, None, None, 12, True))):
+                (12, None, 0.5, 12, False), (12, None, None, 12, True), (2, None, None, 12, False))):
             drafts = []
             for draft in speculate.draft, fast.draft:
                 sess = Session(drafter, B, 64)
@@ -100,6 +102,29 @@ def test_the_one_sync_draft_drafts_what_the_drafters_loop_drafts(temperature):
             assert device_forwards == min(steps, B - known + ahead * B)
             stopped.add(len(a.pos) < min(gamma, B - known + ahead * B))
     assert stopped == {True, False}, "vacuous: the drafter never stopped early (or always did)"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_the_one_sync_draft_writes_what_the_drafters_loop_writes(temperature):
+    """Whole decodes, the command lines' fast.draft against speculate.draft: the same tokens and
+    target counts on every path, sampled ones too (the drafter's stream is seeded afresh each
+    round, so a round the loop ends early leaves the next round's draws alone); the loop runs
+    fewer drafter forwards."""
+    B = 4
+    target, drafter = pair(B)
+    rule = DecodeRule(MASK_ID, B, temperature=temperature, **RULES["threshold"])
+    paths = (dict(), dict(acceptance="paper", lookahead=0),
+             dict(verifier="temporal", acceptance="paper"))
+    fewer = 0
+    for n, path in itertools.product((3, 9, 14), paths):
+        runs = [variants.simsd(target, drafter, prompt(n), 24, rule, eos_id=NO_EOS, draft=draft,
+                               generator=torch.Generator().manual_seed(n), **path)
+                for draft in (speculate.draft, fast.draft)]
+        (loop, loop_stats), (device, device_stats) = runs
+        assert loop == device and {k: v for k, v in counts(loop_stats).items() if "draft" not in k} \
+            == {k: v for k, v in counts(device_stats).items() if "draft" not in k}, (n, path)
+        fewer += loop_stats["nfe_draft"] < device_stats["nfe_draft"]
+    assert fewer, "vacuous: the drafter never stopped early"
 
 
 @pytest.mark.parametrize("method", ["plain", "simsd", "simsd-temporal", "spiffy"])

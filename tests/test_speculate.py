@@ -181,7 +181,7 @@ def spy_forwards(sess):
         dense = mask.dense_mask(mask_for(sess.committed, n_commit), q_len, sess.committed + q_len)
         calls.append(dict(tokens=tok.tolist(), pos=pos.tolist(), committed=sess.committed,
                           n_commit=n_commit, mask=dense))
-        return real(tok, pos, mask_for, keep)
+        return real(tok, pos, mask_for, keep=keep)
     sess.forward = forward
     return calls
 
@@ -420,7 +420,7 @@ def test_the_rope_copy_ablation_moves_the_slots_past_the_block(tiny_model, monke
         forward = sess.forward
         sess.forward = lambda tokens, pos, mask_for, keep, rows=None: (
             offsets.append((pos[len(pos) - keep:] - front.pos[0]).tolist()),
-            forward(tokens, pos, mask_for, keep, rows))[1]
+            forward(tokens, pos, mask_for, keep=keep, rows=rows))[1]
         try:
             return verify(sess, front, d, rule, rope_copy)
         finally:
@@ -677,11 +677,11 @@ def test_the_drafter_drafts_several_a_step_and_stops_when_unsure(tiny_model):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(verifier="mask"), "unknown verifier"),
+    (dict(verifier="mask"), "--verify 'mask', rope_copy=True: the verifier is copies or temporal"),
     (dict(acceptance="strict"), "unknown acceptance rule"),
     (dict(verifier="temporal", acceptance="lossless"), r"--verify temporal needs --accept paper \(not lossless\)"),
     (dict(verifier="temporal", acceptance="gated"), r"--verify temporal needs --accept paper \(not gated\)"),
-    (dict(rope_copy=False), "temporal verifier only"),
+    (dict(rope_copy=False), "--verify 'copies', rope_copy=False: .* the rope-copy ablation is the temporal"),
     (dict(gate=0.0), "gate must be in"),
     (dict(gate=1.5), "gate must be in"),
     (dict(draft_threshold=-0.1), r"draft_threshold and draft_stop must be in \(0, 1\]: -0.1"),

@@ -144,6 +144,8 @@ def cost_model(target_dir, model, B, table=None):
     this device, if any (costs.py). -> (cost or None: every copy verified, in words: which)."""
     if table is None:
         return find(target_dir, model, B)
+    if table == "none":
+        return None, "no cost table (--cost-table none): every copy verified"
     cost = load(table, model, B)
     return cost, f"cost table {table} ({cost.table['date']})"
 

@@ -38,15 +38,16 @@ from torch._dynamo.utils import counters
 from tqdm import tqdm
 
 import cli, fast
-from tools import costs, util
-from tools.calibrate import graphs_for
 from decode import STRATEGIES, generate
-from training.prepare import TASKS, calibration_prompts, extract_answer, load_tasks
-from tools.sol import GPU_MODEL, modelled_gpu_cost, speed_of_light as sol
+from loading import util
+from measure import costs
+from measure.counts import counting
+from measure.graphs import graphs_for
+from measure.sol import GPU_MODEL, modelled_gpu_cost, speed_of_light as sol
 from speculate import Settings
-from variants import simsd as simsd_generate
 from spiffy import DRAFT_BUDGET, spiffy_generate
-from tools.counts import counting
+from training.tasks import TASKS, calibration_prompts, extract_answer, load_tasks
+from variants import simsd as simsd_generate
 
 SIMSD = {  # name -> simsd_generate settings (the paper's: gamma = B drafts, one a forward)
     "simsd-paper": dict(verifier="temporal", acceptance="paper", draft_threshold=None, draft_stop=None),
@@ -270,7 +271,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
          gate=None, draft_threshold=None, draft_stop=None, lookahead=None, speed_of_light=None, stop_ids=None, draft_steps=None,
          cost_table=None, lookup_n=None, tasks="arith", max_rows=None, quick=False):
     """Method flags (drafter ... draft_budget): None/() = the default, an error when no method
-    uses them. speed_of_light: a preset or checkpoint directory: tools/sol.py's figures instead."""
+    uses them. speed_of_light: a preset or checkpoint directory: measure/sol.py's figures instead."""
     if speed_of_light:
         cli.check_device(device, dtype)
         sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile, quick=quick)
@@ -353,7 +354,7 @@ def parse_args(argv=None):
     g.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens: a smoke test (with "
                    "--speed-of-light: the B = 4 forward alone)")
     g.add_argument("--speed-of-light", metavar="MODEL", default=None, help="instead: a random model shaped like "
-                   "MODEL (a preset: sdar-8b, or a checkpoint): its forwards against the bandwidth floor (tools/sol.py)")
+                   "MODEL (a preset: sdar-8b, or a checkpoint): its forwards against the bandwidth floor (measure/sol.py)")
     cli.model_flags(ap, both=True)
     rule = ap.add_argument_group(f"decoding rule (threshold, +threshold methods: the threshold rule at {cli.THRESHOLD})")
     rule.add_argument("--strategy", default=None, choices=STRATEGIES,

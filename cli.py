@@ -1,4 +1,4 @@
-"""What the command lines share (sample.py, bench.py, tools/harness.py, spiffy.py, tools/sol.py,
+"""What the command lines share (sample.py, bench.py, tools/harness.py, spiffy.py, measure/sol.py,
 train.py): loading a checkpoint (and a drafter that fits it), the decoding rule, compiling, and
 the flags, grouped as --help shows them, each default defined once and each flag checked before
 any file is read. Imports point down: this module imports the decoders, none of them imports it.
@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from torch._dynamo.utils import counters
 
-from training import checkpoint
-from tools import util
+from loading import checkpoint
+from loading import util
 import mask as masks
 import fast
 from decode import EB_THRESHOLD, STRATEGIES, DecodeRule, Session
@@ -22,7 +22,7 @@ import variants
 from speculate import DRAFT_STOP, DRAFT_THRESHOLD, LOOKAHEAD, Settings
 from variants import ACCEPTS, GATE, LOOKUP_N, REFERENCES
 from spiffy import DRAFT_BUDGET
-from training.tokenizer import check_same_tokenizer, load_tokenizer
+from loading.tokenizer import check_same_tokenizer, load_tokenizer
 
 ROOT = Path(__file__).parent
 DEFAULT_TARGET, DEFAULT_DRAFTER = ROOT / "models/target", ROOT / "models/drafter"
@@ -30,8 +30,7 @@ DEFAULT_TARGET, DEFAULT_DRAFTER = ROOT / "models/target", ROOT / "models/drafter
 # at 0.9, the fastest plain rule measured here (README), so that `--spec none` and `--spec
 # simsd` compare the same rule. `--strategy low_confidence_static` is SDAR's one token a step.
 THRESHOLD = 0.9
-MODEL_COMPILES = ("auto", "static", "dynamic")     # how one model is compiled (compile_model)
-COMPILE_MODES = (*MODEL_COMPILES, "drafter")       # --compile: both models so, or the drafter alone
+COMPILE_MODES = (*fast.MODEL_COMPILES, "drafter")       # --compile: both models so, or the drafter alone
 DTYPES = ("float32", "bfloat16", "float16")
 GPU_ROWS = 256   # max_rows' default on a GPU
 MAX_BUCKET = 16  # static shapes: by default, queries of at most 16 blocks (at most fast.STATIC_ROWS rows)
@@ -119,24 +118,10 @@ def compile_models(target, drafter, how):
     if how == "drafter":
         if drafter is None:
             raise ValueError("--compile drafter: this method runs no drafter (--spec simsd with one does)")
-        return compile_model(drafter, "auto")
+        return fast.compile_model(drafter, "auto")
     for m in (target, drafter) if how else ():
         if m is not None:
-            compile_model(m, how)
-
-
-def compile_model(model, how="auto"):
-    """--compile: "static" shapes (fast.compile_static; CUDA graphs on CUDA), or one
-    "dynamic"-shape graph (fast.compile_dynamic); "auto": static on CUDA, dynamic on
-    the CPU (faster there: docs/results.md, "Compiled decoding")."""
-    how = "auto" if how is True else how
-    if how not in MODEL_COMPILES:
-        raise ValueError(f"--compile {how!r}: choose from {', '.join(MODEL_COMPILES)}")
-    cuda = model.embed.weight.is_cuda
-    if how == "static" or (how == "auto" and cuda):
-        fast.compile_static(model, **dict(mode="reduce-overhead") if cuda else {})
-    else:   # on a CPU, inductor's C++ wrapper: a compiled forward 5-12% faster (docs/results.md)
-        fast.compile_dynamic(model, options=dict(cpp_wrapper=not cuda))
+            fast.compile_model(m, how)
 
 
 def compiled_copies(*models):
@@ -144,7 +129,7 @@ def compiled_copies(*models):
     cache and graphs but the original's weights (one copy of an 8B model's weights on a GPU)."""
     copies = [m and copy.deepcopy(m, memo={id(p): p for p in m.parameters()}) for m in models]
     for m in filter(None, copies):
-        compile_model(m, "auto")
+        fast.compile_model(m, "auto")
     return copies
 
 

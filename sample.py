@@ -22,12 +22,12 @@ from functools import partial
 import torch
 
 import cli, fast
-from tools import costs, util
 from decode import check_prompt, generate
-from variants import simsd
-from tools.calibrate import graph_path, load_graph
+from loading import util
+from measure import costs, graphs
+from measure.counts import counting
 from spiffy import spiffy_generate
-from tools.counts import counting
+from variants import simsd
 
 DEFAULT_PROMPT = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. "
                   "How much does Max have now?\nAnswer:")
@@ -64,7 +64,7 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
         run = partial(simsd, model, drf, rule=rule, reference=reference or "drafter", draft=fast.draft,
                       walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size))
     else:
-        g = load_graph(graph or graph_path(target, rule), rule)
+        g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule)
         run = lambda ids, n, rule=rule, **kw: counting(spiffy_generate)(
             model, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size), **kw)
     cli.compile_models(model, drf, compile)

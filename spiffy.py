@@ -113,7 +113,7 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
                     draft_budget=DRAFT_BUDGET, fuse_commit=True, eos_id=None, generator=None,
                     on_block=None, counts=None, walk=walk, cut=None):
     """Spiffy decoding; decode.generate's arguments and output, plus graph: a calibrated graph
-    (calibrate.load_graph; None: plain decoding); draft_budget: D*, the most copies a forward
+    (measure.graphs.load_graph; None: plain decoding); draft_budget: D*, the most copies a forward
     verifies besides the open block's own state; counts: a counts.Counts each round reports
     to. The speed devices (fast.py): walk, and cut(guesses) -> the copies verified (None: all)."""
     c = model.config

@@ -28,7 +28,7 @@ bf16 autocast; on CUDA the model is compiled, FlexAttention with it. Every flag 
 file is checked before anything is printed or written; checkpoints and outputs are written
 to a temporary file and renamed, so an interrupted save leaves the previous checkpoint whole.
 
-    python training/prepare.py             # builds data/ (corpus + tokenizer), once
+    python tools/prepare.py             # builds data/ (corpus + tokenizer), once
     python train.py --preset target        # -> models/target (config.json, weights, tokenizer)
     python train.py --preset drafter       # -> models/drafter
     python train.py --preset target --finetune    # stage two, models/target in place
@@ -46,12 +46,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from training import checkpoint, report
-from tools import util
 from cli import check_device, load
+from loading import checkpoint, util
+from loading.tokenizer import load_tokenizer
 from model import ModelConfig, Transformer
+from training import report
 from training.objective import BLOCK_SIZES, Batches, bd3lm_loss, distill_loss, entity_ids, held_out_kl
-from training.tokenizer import load_tokenizer
 
 # model shapes and schedules (the drafter ~5x smaller than the target); finetune: stage two's
 PRESETS = {
@@ -111,17 +111,17 @@ def check_block_weights(text):
 
 
 def check_data(data_dir, seq_len):
-    """training/prepare.py's output: meta.json, the tokenizer (copied next to the model at the end) and
+    """tools/prepare.py's output: meta.json, the tokenizer (copied next to the model at the end) and
     the three token files, checked before training, not at the first evaluation. -> meta"""
     meta_file = Path(data_dir) / "meta.json"
     if not meta_file.is_file():
-        raise FileNotFoundError(f"{meta_file} not found: run `python training/prepare.py` first")
+        raise FileNotFoundError(f"{meta_file} not found: run `python tools/prepare.py` first")
     meta = util.read_json(meta_file)
     for key in ("vocab_size", "mask_id", "eos_id"):
         if type(meta.get(key)) is not int:
             raise ValueError(f"{meta_file}: {key} must be an integer, got {meta.get(key)!r}")
     if not (Path(data_dir) / "tokenizer.model").is_file():
-        raise FileNotFoundError(f"no tokenizer.model in {data_dir} (run training/prepare.py)")
+        raise FileNotFoundError(f"no tokenizer.model in {data_dir} (run tools/prepare.py)")
     tok = load_tokenizer(data_dir)
     if tok.vocab_size > meta["vocab_size"]:
         raise ValueError(f"{data_dir}: tokenizer has {tok.vocab_size} ids, meta.json's "

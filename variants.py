@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from decode import (Advance, DecodeRule, Frontier, packed_index, stop_ids,
                     to_device, to_host)
-from tools.counts import counting
+from measure.counts import counting
 from speculate import Draft, Settings, agree, correct, draft, simsd_generate
 from fast import first_true
 from verify import no_extra
@@ -175,7 +175,7 @@ def simsd(target, drafter, prompt, max_new_tokens=64, rule=None, acceptance="los
     copies "paper" or "gated"; the temporal verifier's is always the paper's), reference
     ("drafter", "trajectory", or "lookup" up to lookup_n-grams: no drafter), order ("tau", or
     the temporal path's ablation "position"); settings: speculate.Settings' fields. Its rounds
-    counted (tools/counts.py)."""
+    counted (measure/counts.py)."""
     s = Settings(**settings)
     temporal = s.verifier == "temporal"
     check(temporal, acceptance, reference, lookup_n, gate, order)

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cli import load  # noqa: E402
 from decode import DecodeRule  # noqa: E402
-from training.prepare import problems  # noqa: E402
+from training.tasks import problems  # noqa: E402
 from training.report import AfterAnswer, decode_problems  # noqa: E402
 
 torch.set_num_threads(1)

@@ -19,11 +19,11 @@ import torch
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
-from training.prepare import problems  # noqa: E402
+from training.tasks import problems  # noqa: E402
 import fast  # noqa: E402
 from speculate import Settings, simsd_generate  # noqa: E402
-from tools.counts import counting  # noqa: E402
-from tools.calibrate import graph_path, load_graph  # noqa: E402
+from measure.counts import counting  # noqa: E402
+from measure.graphs import graph_path, load_graph  # noqa: E402
 from spiffy import spiffy_generate  # noqa: E402
 
 torch.set_num_threads(1)

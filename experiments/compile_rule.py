@@ -1,6 +1,6 @@
 """Does compiling the decoding rule pay on this CPU? Each method with the pair compiled
 (--compile), once with the rule eager and once with DecodeRule.__call__ compiled too (dynamic
-shapes, as cli.compile_model), prompt by prompt in turns; two warm-up passes; the tokens must
+shapes, as fast.compile_model), prompt by prompt in turns; two warm-up passes; the tokens must
 be the same. docs/results.md, "A greedy step without a softmax, and one compiled graph for a step".
 
     python experiments/compile_rule.py 40 4
@@ -14,10 +14,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench  # noqa: E402
 import cli  # noqa: E402
-from tools import costs  # noqa: E402
+from measure import costs  # noqa: E402
 from decode import DecodeRule  # noqa: E402
 from fast import many_graphs  # noqa: E402
-from training.prepare import load_tasks  # noqa: E402
+from training.tasks import load_tasks  # noqa: E402
 
 torch.set_num_threads(2)
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 40

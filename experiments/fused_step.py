@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
+import fast  # noqa: E402
 import mask as masks  # noqa: E402
 from decode import DecodeRule, packed_rows  # noqa: E402
 
@@ -40,8 +41,8 @@ def forward_and_rule(model):
 
 with torch.no_grad():
     models = dict(eager=target, compiled=copy.deepcopy(target), fused=copy.deepcopy(target))
-    cli.compile_model(models["compiled"])
-    compile = dict(dynamic=True, options=dict(cpp_wrapper=True))   # as cli.compile_model on a CPU
+    fast.compile_model(models["compiled"])
+    compile = dict(dynamic=True, options=dict(cpp_wrapper=True))   # as fast.compile_model on a CPU
     rule_compiled = torch.compile(DecodeRule.__call__, **compile)
     step_compiled = torch.compile(forward_and_rule, **compile)
     prompt = torch.randint(10, 2000, (120,), generator=torch.Generator().manual_seed(0))

@@ -12,9 +12,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cli  # noqa: E402
 from bench import runner  # noqa: E402
-from tools.calibrate import graphs_for  # noqa: E402
-from training.prepare import calibration_prompts, load_tasks  # noqa: E402
-from tools.sol import GPU_MODEL, modelled_gpu_cost  # noqa: E402
+from measure.graphs import graphs_for  # noqa: E402
+from training.tasks import calibration_prompts, load_tasks  # noqa: E402
+from measure.sol import GPU_MODEL, modelled_gpu_cost  # noqa: E402
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 40
 target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", (4, 8))

@@ -13,8 +13,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
 import variants  # noqa: E402
-from tools import counts  # noqa: E402
-from training.prepare import load_tasks  # noqa: E402
+from measure import counts  # noqa: E402
+from training.tasks import load_tasks  # noqa: E402
 
 torch.set_num_threads(1)
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 40

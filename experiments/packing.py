@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import cli  # noqa: E402
 import decode  # noqa: E402
-from tools.calibrate import graphs_for  # noqa: E402
+from measure.graphs import graphs_for  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
-from training.prepare import load_tasks  # noqa: E402
+from training.tasks import load_tasks  # noqa: E402
 from spiffy import spiffy_generate  # noqa: E402
 
 model, tok = cli.load(ROOT / "models" / "target")

@@ -42,16 +42,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools import calibrate  # noqa: E402
+from measure import graphs  # noqa: E402
 import cli  # noqa: E402
-from tools import costs  # noqa: E402
+from measure import costs  # noqa: E402
 import decode  # noqa: E402
 import fast  # noqa: E402
 import speculate  # noqa: E402
 import spiffy  # noqa: E402
 import variants  # noqa: E402
 import verify  # noqa: E402
-from training.prepare import load_tasks  # noqa: E402
+from training.tasks import load_tasks  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 ap.add_argument("--prompts", type=int, default=40)
@@ -114,7 +114,7 @@ for B in sizes:
     rule = cli.make_rule(target, B, cli.THRESHOLD)
     cut = fast.cutter(costs.cost_model(cli.DEFAULT_TARGET, target, B, None)[0], None, B)
     kw, simsd = dict(cut=cut, walk=fast.walk), dict(cut=cut, draft=fast.draft, walk=fast.walk)
-    graph = calibrate.load_graph(calibrate.graph_path(cli.DEFAULT_TARGET, rule), rule)
+    graph = graphs.load_graph(graphs.graph_path(cli.DEFAULT_TARGET, rule), rule)
     methods = {
         "threshold": lambda ids: decode.generate(target, ids, 64, rule),
         "--spec simsd": lambda ids: variants.simsd(target, drafter, ids, 64, rule, **simsd),

@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
+import fast  # noqa: E402
 from decode import Session  # noqa: E402
 
 
@@ -40,7 +41,7 @@ def forward(s):
 
 with torch.no_grad():
     compiled = copy.deepcopy(target)
-    cli.compile_model(compiled)
+    fast.compile_model(compiled)
     prompts = [torch.randint(10, 2000, (120,), generator=torch.Generator().manual_seed(i))
                for i in range(8)]
     sessions = {k: [Session(m, 4, 512) for _ in prompts] for k, m in (("eager", target),

@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from model import ModelConfig, Transformer  # noqa: E402
-from training.checkpoint import PRESETS  # noqa: E402
-from training.prepare import problems  # noqa: E402
+from loading.checkpoint import PRESETS  # noqa: E402
+from training.tasks import problems  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -115,7 +115,7 @@ def tiny_model():
 
 
 def tiny_corpus(tmp_path):
-    """A small data dir in training/prepare.py's layout, tokenised with the shipped tokenizer."""
+    """A small data dir in tools/prepare.py's layout, tokenised with the shipped tokenizer."""
     target = ROOT / "models" / "target"
     sp = spm.SentencePieceProcessor(model_file=str(target / "tokenizer.model"))
     data = tmp_path / "data"

@@ -16,9 +16,9 @@ import torch
 from tools import calibrate
 import cli
 import sample
-from training.checkpoint import save_pretrained
+from loading.checkpoint import save_pretrained
 from conftest import make_model
-from training.tokenizer import load_tokenizer
+from loading.tokenizer import load_tokenizer
 
 MASK, ENDOFTEXT, IM_END = 151669, 151643, 151645
 # not ChatML: special tokens, a default system turn, tojson, raise_exception, trim, and the

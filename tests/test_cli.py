@@ -11,23 +11,23 @@ import sentencepiece as spm
 import torch
 
 import bench
-from training import checkpoint
+from loading import checkpoint
 import cli
 import fast
 from training import objective
 import sample
-from tools import sol
+from measure import sol
 import train
 from conftest import tiny_corpus
 from fixtures.record_greedy import FIXTURE, greedy
 from decode import generate
 from model import ModelConfig, Transformer
-from training.checkpoint import PRESETS
-from training.prepare import extract_answer, problems
+from loading.checkpoint import PRESETS
+from training.tasks import extract_answer, problems
 from cli import DEFAULT_DRAFTER, DEFAULT_TARGET
 from speculate import simsd_generate
 from variants import simsd
-from training.tokenizer import load_tokenizer
+from loading.tokenizer import load_tokenizer
 
 
 def last_json(text):
@@ -145,7 +145,7 @@ def test_bench_compile_both_runs_every_method_eager_and_compiled_in_one_run(monk
     threshold compiled and with its own method eager, measured in the same run, a block size at
     a time (B = 32's rows grow the caches past what B = 4's were compiled for: its warm-up
     builds those graphs, after B = 4's timed passes)."""
-    monkeypatch.setattr(bench.cli, "compile_model", lambda m, how: fast.compile_dynamic(m, backend="eager"))
+    monkeypatch.setattr(fast, "compile_model", lambda m, how: fast.compile_dynamic(m, backend="eager"))
     status = bench.main(**bench.parse_args(["--prompts", "2", "--max-new-tokens", "8", "--methods",
                                             "threshold,simsd,spiffy", "--compile", "both",
                                             "--block-size", "4,32"]))
@@ -172,7 +172,7 @@ def test_compile_drafter_compiles_the_drafter_alone(monkeypatch, capsys):
     def compile_model(m, how):
         calls.append((m.config.n_layer, how))
         fast.compile_dynamic(m, backend="eager")
-    monkeypatch.setattr(sample.cli, "compile_model", compile_model)
+    monkeypatch.setattr(fast, "compile_model", compile_model)
     out, _ = sample.main(spec="simsd", max_new_tokens=16, compile="drafter")
     eager, _ = sample.main(spec="simsd", max_new_tokens=16)
     drafter_layers = cli.load(cli.DEFAULT_DRAFTER)[0].config.n_layer
@@ -183,7 +183,7 @@ def test_bench_compile_drafter_adds_a_row_with_the_drafter_compiled(monkeypatch,
     """--compile drafter: each drafted method twice, its drafter eager and compiled (dynamo's
     eager backend here), both compared with threshold (the target is eager in both), the
     second with the first, in the same run; methods without a drafter once."""
-    monkeypatch.setattr(bench.cli, "compile_model", lambda m, how: fast.compile_dynamic(m, backend="eager"))
+    monkeypatch.setattr(fast, "compile_model", lambda m, how: fast.compile_dynamic(m, backend="eager"))
     status = bench.main(**bench.parse_args(["--prompts", "2", "--max-new-tokens", "8", "--methods",
                                             "threshold,simsd", "--compile", "drafter"]))
     rec = last_json(capsys.readouterr().out)
@@ -353,7 +353,7 @@ def test_speed_of_light_runs_on_a_tiny_preset(capsys):
     """bench.py --speed-of-light's figures, on the tiny preset: every forward row (B = 4, 8, 32
     and B = 4 with 8x the cache allocated) timed against the floor, each decoder's verification
     forward, and the loop."""
-    from tools.sol import speed_of_light
+    from measure.sol import speed_of_light
     r = speed_of_light("tiny", cache_len=64, iters=2, new_tokens=8)
     assert [(f["block_size"], f["cache_rows"]) for f in r["forwards"]] == \
         [(4, 256), (8, 256), (32, 256), (4, 512)]

@@ -20,9 +20,9 @@ from cli import RecompileLimitHits
 from conftest import make_model
 import fast
 from decode import DecodeRule, generate
-from training.checkpoint import PRESETS
+from loading.checkpoint import PRESETS
 from speculate import Settings, simsd_generate
-from tools.calibrate import calibrate
+from spiffy import calibrate
 from spiffy import spiffy_generate
 
 MASK_ID, B = PRESETS["tiny"]["mask_token_id"], 4

@@ -19,8 +19,9 @@ import pytest
 import torch
 
 import bench
-from training import checkpoint
-from tools import costs
+from loading import checkpoint
+from measure import costs
+from tools import costs as costs_script
 import sample
 from conftest import ROOT, make_model
 
@@ -36,7 +37,7 @@ def tiny_dir(tmp_path, B=4):
 
 def test_a_table_is_measured_written_and_read_back(tmp_path):
     path = tiny_dir(tmp_path)
-    costs.main(str(path), block_sizes=(4,), repeats=1)
+    costs_script.main(str(path), block_sizes=(4,), repeats=1)
     model = checkpoint.from_pretrained(path, dtype=torch.float32)
     written = costs.table_path(path, model, 4)
     table = json.loads(written.read_text())
@@ -49,7 +50,7 @@ def test_a_table_is_measured_written_and_read_back(tmp_path):
 
 def test_an_interrupted_write_leaves_the_old_table_whole(tmp_path, monkeypatch):
     path = tiny_dir(tmp_path)
-    costs.main(str(path), block_sizes=(4,), repeats=1)
+    costs_script.main(str(path), block_sizes=(4,), repeats=1)
     model = checkpoint.from_pretrained(path, dtype=torch.float32)
     before = costs.table_path(path, model, 4).read_text()
 
@@ -57,7 +58,7 @@ def test_an_interrupted_write_leaves_the_old_table_whole(tmp_path, monkeypatch):
         raise KeyboardInterrupt
     monkeypatch.setattr(costs.json, "dumps", broken)
     with pytest.raises(KeyboardInterrupt):
-        costs.main(str(path), block_sizes=(4,), repeats=1)
+        costs_script.main(str(path), block_sizes=(4,), repeats=1)
     assert costs.table_path(path, model, 4).read_text() == before
     assert sorted(p.name for p in path.iterdir() if p.name.startswith("cost")) == [costs.table_path(path, model, 4).name]
 
@@ -109,12 +110,12 @@ def test_the_tables_of_several_devices_sit_side_by_side(tmp_path, monkeypatch):
     model = checkpoint.from_pretrained(path, dtype=torch.float32)
     here = costs.device_name("cpu")
     monkeypatch.setattr(costs, "device_name", lambda device: "cpu: Another CPU, 2 threads")
-    costs.main(str(path), block_sizes=(4,), repeats=1)
+    costs_script.main(str(path), block_sizes=(4,), repeats=1)
     theirs = costs.table_path(path, model, 4)
     monkeypatch.setattr(costs, "device_name", lambda device: here)
     cost, how = costs.find(path, model, 4)
     assert cost is None and theirs.name in how and "every copy verified" in how
-    costs.main(str(path), block_sizes=(4,), repeats=1)
+    costs_script.main(str(path), block_sizes=(4,), repeats=1)
     cost, how = costs.find(path, model, 4)
     assert cost is not None and costs.table_path(path, model, 4).name in how and theirs.is_file()
     assert theirs.name == "cost_b4_float32_cpu-another-cpu-2-threads.json"

@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import make_model  # noqa: E402
 import fast  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
-from training.checkpoint import PRESETS  # noqa: E402
+from loading.checkpoint import PRESETS  # noqa: E402
 from variants import simsd as simsd_generate  # noqa: E402
-from tools.calibrate import calibrate
+from spiffy import calibrate
 from spiffy import spiffy_generate as spiffy_core  # noqa: E402
-from tools.counts import counting  # noqa: E402
+from measure.counts import counting  # noqa: E402
 from test_lookahead import RULES, pair, tokens  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "decoding_counts.json"

@@ -11,9 +11,9 @@ import torch
 from conftest import make_model
 import fast
 from decode import DecodeRule, generate
-from training.checkpoint import PRESETS
+from loading.checkpoint import PRESETS
 from speculate import simsd_generate
-from tools.calibrate import calibrate
+from spiffy import calibrate
 from spiffy import spiffy_generate
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

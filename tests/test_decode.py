@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import checkpoint
+from loading import checkpoint
 import fast
 from decode import STRATEGIES, DecodeRule, generate
 

@@ -13,11 +13,11 @@ import sentencepiece as spm
 import torch
 import torch.nn as nn
 
-from training import checkpoint
+from loading import checkpoint
 import mask as masks
 from training import objective
 import train
-from tools import util
+from loading import util
 from conftest import make_model, tiny_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,7 +215,7 @@ def test_resume_refuses_to_distill_a_run_trained_without(pair, tmp_path, capsys)
     assert "was trained without --distill, not with --distill" in line
 
 
-# ---- training/distill.py: a drafter for a given target from a JSONL of prompts
+# ---- tools/distill.py: a drafter for a given target from a JSONL of prompts
 
 def prompts_file(d, n=12):
     path = d / "prompts.jsonl"
@@ -225,7 +225,7 @@ def prompts_file(d, n=12):
 
 
 def test_distill_py_trains_a_drafter_toward_its_targets_answers_and_resumes(tmp_path):
-    from training import distill
+    from tools import distill
     target, drafter = target_dir(tmp_path), target_dir(tmp_path, "drafter", seed=5)
     prompts, out = prompts_file(tmp_path), tmp_path / "distilled"
     kw = dict(target=target, drafter=drafter, prompts=prompts, out=out, max_new_tokens=8, iters=12,
@@ -247,8 +247,8 @@ def test_distill_py_trains_a_drafter_toward_its_targets_answers_and_resumes(tmp_
 def test_answers_go_on_from_an_earlier_runs_and_refuse_other_prompts(tmp_path):
     """answers.jsonl copied from a run whose prompts began these is gone on from, as a restart
     is, to the answers a fresh run gives; answers to other prompts are refused by line."""
-    from training import distill
-    from tools import util
+    from tools import distill
+    from loading import util
     teacher, _, tok, _ = distill.pair(target_dir(tmp_path), target_dir(tmp_path, "drafter", seed=5), "cpu")
     read = lambda n: util.read_prompts(prompts_file(tmp_path, n), "--prompts")   # noqa: E731
     first = distill.answers(teacher, tok, read(3), tmp_path / "a.jsonl", 8, False)
@@ -261,7 +261,7 @@ def test_answers_go_on_from_an_earlier_runs_and_refuse_other_prompts(tmp_path):
 
 
 def test_distill_py_refuses_a_target_of_another_vocabulary(tmp_path):
-    from training import distill
+    from tools import distill
     target, drafter = target_dir(tmp_path, vocab=4096), target_dir(tmp_path, "drafter", seed=5)
     with pytest.raises(ValueError, match="tokenizer|vocabulary"):
         distill.main(target=target, drafter=drafter, prompts=prompts_file(tmp_path), out=tmp_path / "o")
@@ -269,7 +269,7 @@ def test_distill_py_refuses_a_target_of_another_vocabulary(tmp_path):
 
 
 def test_teacher_ordered_noise_masks_what_the_target_is_least_sure_of():
-    """training/distill.py --teacher-order: a block's masked positions are its round(t B) (at least one)
+    """tools/distill.py --teacher-order: a block's masked positions are its round(t B) (at least one)
     the target is least sure of with the whole answer masked, as in its own decoding states
     (what it reveals last is still masked); the prompt is never masked; without an order the
     draws are the random ones, unchanged."""

@@ -19,10 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from training import checkpoint
+from loading import checkpoint
 from conftest import tiny_corpus
 from model import ModelConfig, Transformer
-from training.checkpoint import PRESETS
+from loading.checkpoint import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "models" / "target"
@@ -77,7 +77,7 @@ def small_model(d):
 
 
 def data(d, **files):
-    """A training/prepare.py data directory (the tests' tiny corpus) with files replaced or removed."""
+    """A tools/prepare.py data directory (the tests' tiny corpus) with files replaced or removed."""
     out = tiny_corpus(d)
     for name, content in files.items():
         file(out, name, content)
@@ -292,18 +292,18 @@ CASES = {
                                 "eos_token_id [2, 4096] holds an id outside the vocabulary"),
     "generation-config-eos-text": (lambda d: target(d, **{"generation_config.json": '{"eos_token_id": "</s>"}'}),
                                    SAMPLE, "generation_config.json: eos_token_id must be an id"),
-    # training/prepare.py
-    "prepare-arith-fraction": (None, "training/prepare.py --out_dir {d}/data --arith_fraction 1.5",
+    # tools/prepare.py
+    "prepare-arith-fraction": (None, "tools/prepare.py --out_dir {d}/data --arith_fraction 1.5",
                                "--arith_fraction must be in [0, 1)"),
-    "prepare-vocab-size-small": (None, "training/prepare.py --out_dir {d}/data --vocab_size 10", "--vocab_size must be in"),
-    "prepare-vocab-size-large": (None, "training/prepare.py --out_dir {d}/data --vocab_size 70000", "--vocab_size must be in"),
-    "prepare-no-problems": (None, "training/prepare.py --out_dir {d}/data --n_val_arith 0", "--n_val_arith must be >= 1"),
-    "prepare-no-questions": (None, "training/prepare.py --out_dir {d}/data --questions {d}/q.jsonl --n_questions 0",
+    "prepare-vocab-size-small": (None, "tools/prepare.py --out_dir {d}/data --vocab_size 10", "--vocab_size must be in"),
+    "prepare-vocab-size-large": (None, "tools/prepare.py --out_dir {d}/data --vocab_size 70000", "--vocab_size must be in"),
+    "prepare-no-problems": (None, "tools/prepare.py --out_dir {d}/data --n_val_arith 0", "--n_val_arith must be >= 1"),
+    "prepare-no-questions": (None, "tools/prepare.py --out_dir {d}/data --questions {d}/q.jsonl --n_questions 0",
                              "--n_questions must be >= 1"),
-    "prepare-sdist-missing": (None, "training/prepare.py --out_dir {d}/data --sdist {d}/none.tar.gz", "does not exist"),
+    "prepare-sdist-missing": (None, "tools/prepare.py --out_dir {d}/data --sdist {d}/none.tar.gz", "does not exist"),
     "prepare-sdist-wrong": (lambda d: file(d, "s.tar.gz", b"\x1f\x8b not the sdist"),
-                            "training/prepare.py --out_dir {d}/data --sdist {t}", "sha256 mismatch"),
-    "prepare-out-dir-a-file": (lambda d: file(d, "f", "x"), "training/prepare.py --out_dir {t}", "is not a directory"),
+                            "tools/prepare.py --out_dir {d}/data --sdist {t}", "sha256 mismatch"),
+    "prepare-out-dir-a-file": (lambda d: file(d, "f", "x"), "tools/prepare.py --out_dir {t}", "is not a directory"),
 }
 if not torch.cuda.is_available():
     CASES["cuda-without-gpu"] = (None, "sample.py --device cuda", "no GPU is available")
@@ -329,7 +329,7 @@ import gc, json, os, runpy, signal, sys
 sys.path[0] = sys.argv[1]
 import bench, sample, spiffy, train, torch, model
 from tools import calibrate
-from training import prepare
+from tools import prepare
 with torch.device("meta"):
     model.Transformer(model.ModelConfig())
 gc.freeze()  # else each child's exit walks (and so copies) the whole shared heap: 1 s

@@ -19,12 +19,12 @@ import fast
 from conftest import make_model
 from decode import DecodeRule, Frontier, Session, generate
 from model import Transformer
-from training.checkpoint import PRESETS
+from loading.checkpoint import PRESETS
 import speculate
 import variants
-from tools.calibrate import calibrate
+from spiffy import calibrate
 import spiffy
-from tools.counts import counting
+from measure.counts import counting
 from test_lookahead import pair
 from test_syncs import SyncCounter
 

@@ -25,9 +25,9 @@ import fast
 from cli import MAX_BUCKET
 from decode import DecodeRule, Session, generate
 from model import ModelConfig, Transformer, flex_kernel_options
-from training.checkpoint import PRESETS
+from loading.checkpoint import PRESETS
 from speculate import Settings, simsd_generate
-from tools.calibrate import calibrate
+from spiffy import calibrate
 from spiffy import spiffy_generate
 from verify import Guesses, verify_copies
 

@@ -15,9 +15,9 @@ import torch
 
 import cli
 import sample
-from tools import util
-from training.prepare import problems
-from training.tokenizer import load_tokenizer
+from loading import util
+from training.tasks import problems
+from loading.tokenizer import load_tokenizer
 
 PROBLEMS = problems(5, "test")
 MAX_GEN_TOKS = 48

@@ -30,7 +30,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from training import checkpoint
+from loading import checkpoint
 import mask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -364,7 +364,7 @@ LOAD_AND_MEASURE = """
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
-from training import checkpoint
+from loading import checkpoint
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()

@@ -1,16 +1,27 @@
-"""The shape of the code a reader meets: imports that point one way (no module imports one
-that imports it back, even through others, and a lazy import inside a function counts too),
-and the size budgets of the README. The reference and its command lines are the modules at the
-root; below them, the packages tools/ and training/ (modules named by package: tools.costs)."""
+"""The shape of the code a reader meets: imports that point down a table of layers (and no
+module imports one that imports it back, even through others; a lazy import inside a function
+counts too), and the size budgets of the README. Modules at the root by name (decode), in a
+package by path (measure.costs)."""
 import ast
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("tools", "training")
+PACKAGES = ("loading", "measure", "training", "tools", "experiments")
 MODULES = {p.stem: p for p in ROOT.glob("*.py")} | {f"{pkg}.{p.stem}": p for pkg in PACKAGES
                                                     for p in (ROOT / pkg).glob("*.py")}
-SHORT = {m.rsplit(".", 1)[-1]: m for m in MODULES}   # costs -> tools.costs
+SCRIPTS = ("tools", "experiments")   # scripts only: a library's short name wins (costs -> measure.costs)
+SHORT = {m.rsplit(".", 1)[-1]: m for m in sorted(MODULES, key=lambda m: m.split(".")[0] not in SCRIPTS)}
+LAYERS = (   # top to bottom: a module imports its own layer and those below it, never one above
+    ("scripts", ("tools", "experiments")),
+    ("entry points", ("sample", "bench", "train")),
+    ("training's library", ("training",)),
+    ("the command lines' commons", ("cli",)),
+    ("speed devices, variants, measurements", ("variants", "measure", "fast")),
+    ("the reference", ("speculate", "spiffy", "verify", "decode")),
+    ("loading", ("loading",)),
+    ("the model", ("model", "mask")),
+)
 BUDGETS = {"sample.py": 160, "bench.py": 380, "model.py": 350, "train.py": 350, "speculate.py": 300,
            "spiffy.py": 300, "verify.py": 300, "variants.py": 300, "fast.py": 300}
 DECODERS = ("decode", "verify", "speculate", "spiffy", "fast", "variants", "mask", "model")   # lines <= 100 characters
@@ -18,7 +29,7 @@ DECODERS = ("decode", "verify", "speculate", "spiffy", "fast", "variants", "mask
 
 def imports(path, top_level_only=True):
     """The project modules `path` imports (at module level only, unless told otherwise), by
-    package path: `from tools import costs` and `from tools.costs import key` both import
+    package path: `from measure import costs` and `from tools.costs import key` both import
     tools.costs."""
     tree = ast.parse(path.read_text())
     nodes = tree.body if top_level_only else ast.walk(tree)
@@ -48,6 +59,32 @@ def find_cycle(graph):
         if m not in state and (cycle := visit(m, [m])):
             return cycle
     return None
+
+
+def layer(module):
+    """The index in LAYERS of a module's layer (0 the top)."""
+    return next(i for i, (_, members) in enumerate(LAYERS) if module.split(".")[0] in members)
+
+
+def imports_up(modules=MODULES):
+    """Every import that runs from a module to one in a layer above it: [(module, imported)]."""
+    return sorted((m, n) for m, p in modules.items() for n in imports(p, top_level_only=False)
+                  if layer(n) < layer(m))
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if not any(m.split(".")[0] in ms for _, ms in LAYERS)] == []
+
+
+def test_every_import_points_down():
+    assert imports_up() == []
+
+
+def test_an_import_up_is_found(tmp_path):
+    """The check can fail: model.py importing cli is an import up."""
+    fake = tmp_path / "model.py"
+    fake.write_text("import mask\nimport cli\n")
+    assert imports_up({"model": fake}) == [("model", "cli")]
 
 
 def test_no_import_cycles():
@@ -108,10 +145,10 @@ def test_size_budgets():
 
 
 def test_the_training_recipe_is_a_valid_script_of_train_py_steps():
-    """training/train.sh (the embedded pair from nothing) parses, and each step's flags are its
-    script's (train.py's, or training/distill.py's)."""
+    """tools/train.sh (the embedded pair from nothing) parses, and each step's flags are its
+    script's (train.py's, or tools/distill.py's)."""
     import subprocess
-    script = ROOT / "training" / "train.sh"
+    script = ROOT / "tools" / "train.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     flags = {kind: set(re.findall(r"--[a-z-]+", MODULES[SHORT[name]].read_text()))
              for kind, name in (("step", "train"), ("distil", "distill"))}
@@ -125,10 +162,10 @@ def test_the_training_recipe_is_a_valid_script_of_train_py_steps():
 
 def test_the_core_imports_no_speed_device_and_no_variant():
     """The reference (mask, model, decode, verify, speculate, spiffy) is complete on its own:
-    fast.py's speed devices, tools/counts.py's histograms and variants.py's ablations are
+    fast.py's speed devices, measure/counts.py's histograms and variants.py's ablations are
     composed by the command lines."""
     for m in ("mask", "model", "decode", "verify", "speculate", "spiffy"):
-        devices = {"fast", "variants", "tools.costs", "tools.counts"}
+        devices = {"fast", "variants", "measure.costs", "measure.counts"}
         assert not imports(MODULES[m], top_level_only=False) & devices, m
 
 
@@ -137,7 +174,7 @@ def prose():
     docstring, comment and string of the project's Python files (help texts included)."""
     out = [(str(p.relative_to(ROOT)), p.read_text())
            for p in (ROOT / "README.md", ROOT / "docs" / "design.md", ROOT / "gpu_check.sh",
-                     ROOT / "training" / "train.sh")]
+                     ROOT / "tools" / "train.sh")]
     for p in [*ROOT.glob("*.py"), *(p for d in (*PACKAGES, "experiments", "tests", "tests/fixtures")
                                     for p in ROOT.glob(f"{d}/*.py"))]:
         text = p.read_text()

@@ -20,20 +20,20 @@ from functools import partial
 import pytest
 import torch
 
-from tools import costs
+from measure import costs
 import fast
 import speculate
 from conftest import make_model
 from decode import DecodeRule, Frontier, Session, generate
-from training.checkpoint import PRESETS
+from loading.checkpoint import PRESETS
 from variants import simsd as simsd_generate
 
-from tools.calibrate import calibrate
-from tools.counts import counting
+from spiffy import calibrate
+from measure.counts import counting
 from spiffy import spiffy_generate as spiffy_core
 from verify import Guesses
 
-spiffy_generate = counting(spiffy_core)   # with its rounds counted (tools/counts.py)
+spiffy_generate = counting(spiffy_core)   # with its rounds counted (measure/counts.py)
 
 MASK_ID, VOCAB = PRESETS["tiny"]["mask_token_id"], PRESETS["tiny"]["vocab_size"]
 NO_EOS = -1

@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from training import checkpoint
+from loading import checkpoint
 import mask
 from decode import DecodeRule, generate
 from model import ModelConfig, RMSNorm, rope
-from training.checkpoint import PRESETS
+from loading.checkpoint import PRESETS
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 NO_EOS = -1     # an eos_id that never occurs: fixed-length output

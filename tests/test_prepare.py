@@ -1,5 +1,5 @@
 """
-Tests for training/prepare.py: the arithmetic generator, answer extraction, Gutenberg stripping,
+Tests for tools/prepare.py: the arithmetic generator, answer extraction, Gutenberg stripping,
 text chunking and the tokenizer settings. Fast and offline (nothing is downloaded).
 
 Run:  python -m pytest tests/test_prepare.py -q
@@ -12,14 +12,15 @@ import pytest
 import sentencepiece as spm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # make the repo root importable
-from training import prepare
+from tools import prepare
+from training import tasks
 
 # ----------------------------------------------------------------------------- arithmetic problems
 
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_generated_answers_are_correct(split):
-    for p in prepare.problems(2000, split):
-        assert prepare.check(p), p
+    for p in tasks.problems(2000, split):
+        assert tasks.check(p), p
         assert len(p["question"]) < 200 and len(p["answer"]) < 100
         assert p["answer"].endswith(f"#### {p['result']}")
         for a, op, b, c in re.findall(r"(\d+)([-+*/])(\d+)=(\d+)", p["answer"]):
@@ -32,39 +33,39 @@ def test_generated_answers_are_correct(split):
 
 
 def test_every_template_generates_valid_problems():
-    assert len(prepare.TEMPLATES) >= 30
+    assert len(tasks.TEMPLATES) >= 30
     rng = random.Random(0)
-    for template in prepare.TEMPLATES:
+    for template in tasks.TEMPLATES:
         for _ in range(30):
-            p = prepare.make_problem(rng, templates=[template])
-            assert prepare.check(p), (template, p)
+            p = tasks.make_problem(rng, templates=[template])
+            assert tasks.check(p), (template, p)
             assert len(re.findall(r"=", p["answer"])) == len(template[0])  # one equation per operation
             assert "{" not in p["question"] + p["answer"]                 # every slot was filled
 
 
 def test_check_rejects_wrong_answers():
-    p = prepare.problems(1, "train")[0]
-    assert prepare.check(p)
-    assert not prepare.check({**p, "result": p["result"] + 1})
+    p = tasks.problems(1, "train")[0]
+    assert tasks.check(p)
+    assert not tasks.check({**p, "result": p["result"] + 1})
     first = re.search(r"(\d+[-+*/]\d+=)(\d+)", p["answer"])
     wrong = p["answer"].replace(first.group(0), first.group(1) + str(int(first.group(2)) + 1), 1)
-    assert not prepare.check({**p, "answer": wrong})
-    assert not prepare.check({**p, "answer": "I do not know. #### 3"})
+    assert not tasks.check({**p, "answer": wrong})
+    assert not tasks.check({**p, "answer": "I do not know. #### 3"})
 
 
 def test_problems_are_deterministic_and_splits_differ():
-    assert prepare.problems(100, "train") == prepare.problems(100, "train")
-    assert prepare.make_problem(random.Random(7)) == prepare.make_problem(random.Random(7))
-    train = {p["question"] for p in prepare.problems(500, "train")}
-    test = {p["question"] for p in prepare.problems(500, "test")}
+    assert tasks.problems(100, "train") == tasks.problems(100, "train")
+    assert tasks.make_problem(random.Random(7)) == tasks.make_problem(random.Random(7))
+    train = {p["question"] for p in tasks.problems(500, "train")}
+    test = {p["question"] for p in tasks.problems(500, "test")}
     assert len(train & test) < 0.2 * len(test)  # a few short problems can coincide by chance
     with pytest.raises(ValueError):
-        prepare.problems(1, "validation")
+        tasks.problems(1, "validation")
 
 
 def test_problem_document_format():
     p = {"question": "Tom has 2 pens. How many?", "answer": "Tom has 2+0=2 pens. #### 2", "result": 2}
-    assert prepare.format_problem(p) == "Question: Tom has 2 pens. How many?\nAnswer: Tom has 2+0=2 pens. #### 2"
+    assert tasks.format_problem(p) == "Question: Tom has 2 pens. How many?\nAnswer: Tom has 2+0=2 pens. #### 2"
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -86,7 +87,7 @@ def test_problem_document_format():
     ("The answer is 12.", 12),                  # a full stop is not a decimal point
 ])
 def test_extract_answer(text, expected):
-    assert prepare.extract_answer(text) == expected
+    assert tasks.extract_answer(text) == expected
 
 # ----------------------------------------------------------------------------- Shakespeare text
 
@@ -142,7 +143,7 @@ TRICKY = ["line one\nline two\n\n\nafter blank lines", "  two leading spaces", "
 @pytest.fixture(scope="module")
 def tokenizer_bytes():
     rng = random.Random(0)
-    docs = [prepare.format_problem(prepare.make_problem(rng)) for _ in range(300)]
+    docs = [tasks.format_problem(tasks.make_problem(rng)) for _ in range(300)]
     docs += ["To be, or not to be, that is the question:\n  Whether 'tis nobler in the mind to suffer\n\n"
              "\tThe slings and arrows of outrageous fortune,\n"] * 20
     return docs, prepare.train_tokenizer(docs, vocab_size=400)

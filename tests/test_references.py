@@ -16,14 +16,14 @@ Run: python -m pytest tests/test_references.py -q
 import pytest
 import torch
 
-from training import checkpoint
+from loading import checkpoint
 import cli
 import sample
 import speculate
 from conftest import make_model
 from decode import DecodeRule, Frontier, generate
-from training.checkpoint import PRESETS
-from training.prepare import load_tasks
+from loading.checkpoint import PRESETS
+from training.tasks import load_tasks
 import variants
 
 MASK_ID, VOCAB, NO_EOS = PRESETS["tiny"]["mask_token_id"], PRESETS["tiny"]["vocab_size"], -1

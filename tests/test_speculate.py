@@ -27,9 +27,9 @@ import variants
 import fast
 import speculate
 from decode import DecodeRule, Frontier, Session, generate
-from training.checkpoint import PRESETS
+from loading.checkpoint import PRESETS
 from speculate import Draft
-from tools.counts import Counts
+from measure.counts import Counts
 from verify import Guesses, verify_copies, walk
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]

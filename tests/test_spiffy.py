@@ -22,13 +22,13 @@ import fast
 import spiffy
 from conftest import make_model
 from decode import DecodeRule, generate, to_host
-from training.checkpoint import PRESETS
-from tools.calibrate import load_graph
-from tools.calibrate import calibrate, graph_rule
+from loading.checkpoint import PRESETS
+from measure.graphs import load_graph
+from spiffy import calibrate, graph_rule
 from spiffy import build_drafts, ranks
-from tools.counts import counting
+from measure.counts import counting
 
-spiffy_generate = counting(spiffy.spiffy_generate)   # with its rounds counted (tools/counts.py)
+spiffy_generate = counting(spiffy.spiffy_generate)   # with its rounds counted (measure/counts.py)
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 NO_EOS = -1     # an eos_id that never occurs: fixed-length output

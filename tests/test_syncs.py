@@ -20,11 +20,11 @@ import spiffy
 import verify
 from conftest import make_model
 from decode import DecodeRule, generate
-from training.checkpoint import PRESETS
-from tools.calibrate import calibrate
-from tools.counts import counting
+from loading.checkpoint import PRESETS
+from spiffy import calibrate
+from measure.counts import counting
 
-spiffy_generate = counting(spiffy.spiffy_generate)   # with its rounds counted (tools/counts.py)
+spiffy_generate = counting(spiffy.spiffy_generate)   # with its rounds counted (measure/counts.py)
 
 aten = torch.ops.aten
 MASK_ID, B, NO_EOS = PRESETS["tiny"]["mask_token_id"], 8, -1

@@ -1,4 +1,4 @@
-"""Tests for training/tokenizer.py.
+"""Tests for loading/tokenizer.py.
 
 The Qwen tests compare our offline tiktoken-based BPE against the HF `tokenizers` reference on
 more than 1 MB of deterministically generated multilingual text. They need the `tokenizers`
@@ -17,7 +17,7 @@ import unicodedata
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from training.tokenizer import bytes_to_unicode, check_same_tokenizer, load_tokenizer  # noqa: E402
+from loading.tokenizer import bytes_to_unicode, check_same_tokenizer, load_tokenizer  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
 # Hand-written snippets, one list per kind of text. The corpus recombines them at random.

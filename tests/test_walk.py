@@ -24,7 +24,7 @@ import torch
 import fast
 import verify
 from decode import DecodeRule
-from training.checkpoint import PRESETS
+from loading.checkpoint import PRESETS
 from spiffy import ranks
 from test_syncs import SyncCounter
 

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import cli  # noqa: E402
 import sample  # noqa: E402
-from tools import util  # noqa: E402
+from loading import util  # noqa: E402
 
 NEEDS_LM_EVAL = "harness.py needs the lm-evaluation-harness: pip install lm-eval"
 try:

@@ -47,13 +47,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import fast  # noqa: E402
 import model as model_module  # noqa: E402
-from tools.calibrate import graph_path, load_graph  # noqa: E402
+from measure.graphs import graph_path, load_graph  # noqa: E402
 from cli import DEFAULT_DRAFTER, DEFAULT_TARGET, load, make_rule, max_rows  # noqa: E402
 import variants  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
 from sample import DEFAULT_PROMPT  # noqa: E402
 from spiffy import spiffy_generate  # noqa: E402
-from tools.util import ArgumentParser  # noqa: E402
+from loading.util import ArgumentParser  # noqa: E402
 
 MAIN_KERNEL = {"FORCE_USE_FLEX_ATTENTION": True}   # flex's options, dyn-flex-main's
 TOL = 1e-4   # fp32: a compiled kernel may sum in another order, never by this much

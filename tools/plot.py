@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tools import util  # noqa: E402
+from loading import util  # noqa: E402
 
 
 def plot(bench_json, png):

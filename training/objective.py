@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import mask as masks
-from training.prepare import ENTITIES
+from training.tasks import ENTITIES
 
 BLOCK_SIZES = (4, 8, 32)
 
@@ -52,7 +52,7 @@ class Batches:
                  copy_ids=(), copy_weight=1.0):
         path = Path(path)
         if not path.is_file() or path.stat().st_size == 0:
-            raise FileNotFoundError(f"corpus file {path} is missing or empty (run training/prepare.py)")
+            raise FileNotFoundError(f"corpus file {path} is missing or empty (run tools/prepare.py)")
         if path.stat().st_size % 2:
             raise ValueError(f"corpus file {path} is not uint16 tokens (odd size)")
         self.data = np.fromfile(path, dtype=np.uint16)

@@ -14,7 +14,7 @@ import mask as masks  # noqa: E402
 from cli import load  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
 from training.objective import BLOCK_SIZES, Batches, bd3lm_loss, bd3lm_training  # noqa: E402
-from training.prepare import entities_copied, extract_answer, problems  # noqa: E402
+from training.tasks import entities_copied, extract_answer, problems  # noqa: E402
 
 # the decoding rules the report measures: name -> DecodeRule keywords
 RULES = {"one token a step": {}, "threshold 0.9": dict(strategy="low_confidence_dynamic", threshold=0.9)}
@@ -86,7 +86,7 @@ def decode_problems(model, tok, tasks, rule, desc):
     """Decode tasks, (prompt ids, question, result) each, greedily with rule (an AfterAnswer)
     -> the figures line: accuracy, tokens per forward, the share of forwards after the answer,
     and among the answers that name people (things) those whose people (things) all come from
-    the question (prepare.entities_copied)."""
+    the question (tasks.entities_copied)."""
     ok = tokens = nfe = 0
     copies = {"people": [0, 0], "things": [0, 0]}       # kind -> [from the question, named any]
     for ids, question, result in tqdm(tasks, desc=desc, leave=False):
@@ -129,12 +129,12 @@ def report(target_dir="models/target", drafter_dir="models/drafter", data_dir="d
 
 
 if __name__ == "__main__":
-    from tools import util
+    from loading import util
     ap = util.ArgumentParser(description="The quality figures of a target/drafter pair "
                              "(python train.py --report: the embedded pair).")
     ap.add_argument("--target", default="models/target", help="target checkpoint directory")
     ap.add_argument("--drafter", default="models/drafter", help="drafter checkpoint directory")
-    ap.add_argument("--data-dir", default="data", help="training/prepare.py's output")
+    ap.add_argument("--data-dir", default="data", help="tools/prepare.py's output")
     ap.add_argument("--problems", type=int, default=200, help="held-out problems to decode")
     a = ap.parse_args()
     util.run(lambda: util.check_positive(problems=a.problems)

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from training import checkpoint
-from training.checkpoint import PRESETS
+from loading import checkpoint
+from loading.checkpoint import PRESETS
 from decode import DecodeRule, Session, generate, packed_rows
 from model import ModelConfig, Transformer
-from cli import compile_model
+from fast import compile_model
 from spiffy import ranks
 from verify import Guesses, verify_copies, walk
 

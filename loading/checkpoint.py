@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from model import ModelConfig, Transformer
-from tools.util import atomic_write, read_json
+from loading.util import atomic_write, read_json
 
 # ---- config.json ----
 # each ModelConfig field's config.json name (check_config's messages use them too)
@@ -28,7 +28,7 @@ HF_KEYS = dict(vocab_size="vocab_size", n_layer="num_hidden_layers", n_head="num
                norm_eps="rms_norm_eps", tie_embeddings="tie_word_embeddings",
                block_size="block_size", block_sizes="block_sizes", mask_token_id="mask_token_id",
                eos_token_id="eos_token_id", max_seq_len="max_position_embeddings")
-# the shapes of the SDAR checkpoints (tools/sol.py), and a tiny one for the tests
+# the shapes of the SDAR checkpoints (measure/sol.py), and a tiny one for the tests
 SDAR = dict(vocab_size=151936, rope_theta=1e6, mask_token_id=151669, eos_token_id=151643,
             max_seq_len=32768, head_dim=128)
 PRESETS = {
@@ -40,7 +40,7 @@ PRESETS = {
                     intermediate_size=12288, tie_embeddings=False),
     "tiny": dict(vocab_size=97, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16,
                  intermediate_size=128, mask_token_id=3, eos_token_id=2, max_seq_len=1024),
-    # SDAR's vocabulary on a tiny trunk: the head is most of a forward (tools/sol.py)
+    # SDAR's vocabulary on a tiny trunk: the head is most of a forward (measure/sol.py)
     "qwen-vocab-2l": dict(SDAR, n_layer=2, n_embd=256, n_head=4, n_kv_head=2, head_dim=64,
                           intermediate_size=768, tie_embeddings=True),
 }

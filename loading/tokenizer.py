@@ -25,7 +25,7 @@ import unicodedata
 import sentencepiece
 import tiktoken
 
-from tools.util import read_json
+from loading.util import read_json
 
 # Qwen2's pre-tokenizer: GPT-4's regex, except that digits are split one by one (\p{N}).
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"

@@ -3,9 +3,9 @@
 # the data, the two training stages, the Spiffy graphs, the cost tables, the report, the
 # greedy fixture.
 #
-#   bash training/train.sh   # about 8 h 20 min on 2 CPU cores; run it again to go on after a stop
+#   bash tools/train.sh   # about 8 h 20 min on 2 CPU cores; run it again to go on after a stop
 #
-# Each step is train.py (or training/distill.py) with the flags below. A finished step leaves
+# Each step is train.py (or tools/distill.py) with the flags below. A finished step leaves
 # out/<step>.done and is skipped the next time; an interrupted one goes on from its last
 # checkpoint (out/<step>/ckpt.pt, with --resume). The models are written to models/.
 set -euo pipefail
@@ -26,7 +26,7 @@ run() {  # name, the script, its flags: skipped when done, resumed from out/<nam
 }
 step() { run "$1" train.py "${@:2}" --ckpt-dir "out/$1"; }   # name, then train.py's flags
 
-[ -f data/meta.json ] || python training/prepare.py
+[ -f data/meta.json ] || python tools/prepare.py
 for preset in drafter target; do
     step "$preset-1" --preset "$preset"                              # stage one: every token noised
     step "$preset-2" --preset "$preset" --finetune                   # stage two: answers only
@@ -45,7 +45,7 @@ step drafter-4 --preset drafter --finetune --copy-weight 10 --iters 800 --lr 5e-
 # noised answers (KL(target || drafter) alone, --distill-weight 1), the choices SimSD accepts;
 # about half an hour on one thread (1.2-1.5 s an iteration, the frozen target's forward included).
 step drafter-5 --preset drafter --finetune --distill models/target --iters 1200 --lr 5e-4 --warmup 0 --eval-every 200
-# On the target's own answers (training/distill.py): its threshold-rule answers to 4000 training questions,
+# On the target's own answers (tools/distill.py): its threshold-rule answers to 4000 training questions,
 # then (1 - W) * cross-entropy to them + W * KL(target || drafter), W = 0.5, on the states the
 # target decodes through (--teacher-order: a block's masked positions the ones it is least sure
 # of), 1500 iterations; about 15 min (2 min 30 s of answers). Then 3000 more iterations from it
@@ -56,17 +56,17 @@ step drafter-5 --preset drafter --finetune --distill models/target --iters 1200 
 # min). The last one replaces models/drafter. Each step starts from the weights and the answers
 # of the step before: the target's answers to the same questions are the same, so a step
 # decodes only the questions the one before had not.
-distil() {  # name, the step it goes on from (or -), then training/distill.py's flags
+distil() {  # name, the step it goes on from (or -), then tools/distill.py's flags
     local from=()
     if [ "$2" != - ]; then
         from=(--drafter "out/$2")
         [ -f "out/$1.done" ] || [ -f "out/$1/answers.jsonl" ] \
             || { mkdir -p "out/$1" && cp "out/$2/answers.jsonl" "out/$1/"; }
     fi
-    run "$1" training/distill.py --prompts out/train_questions.jsonl --out "out/$1" --max-new-tokens 64 \
+    run "$1" tools/distill.py --prompts out/train_questions.jsonl --out "out/$1" --max-new-tokens 64 \
         --distill-weight 0.5 --teacher-order --threads 1 "${from[@]}" "${@:3}"
 }
-questions() { [ -f "$1" ] || python training/prepare.py --questions "$1" --n_questions "$2"; }   # file, count
+questions() { [ -f "$1" ] || python tools/prepare.py --questions "$1" --n_questions "$2"; }   # file, count
 questions out/train_questions.jsonl 4000
 distil drafter-6 - --iters 1500
 distil drafter-7 drafter-6 --iters 3000 --lr 1.5e-4 --warmup 0

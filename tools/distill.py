@@ -17,9 +17,9 @@ the drafter's tokenizer files) that sample.py --drafter reads. Training checkpoi
 anything is decoded or written. On a GPU in practice (a real pair's target decodes every
 prompt); tested here on a tiny random pair.
 
-    python training/distill.py --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --prompts mine.jsonl \\
+    python tools/distill.py --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --prompts mine.jsonl \\
         --chat --out ~/SDAR-1.7B-distilled --device cuda
-    python training/distill.py --prompts out/train_questions.jsonl --out out/drafter-seq   # embedded pair
+    python tools/distill.py --prompts out/train_questions.jsonl --out out/drafter-seq   # embedded pair
 """
 import argparse
 import json
@@ -33,9 +33,9 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from training import checkpoint  # noqa: E402
+from loading import checkpoint  # noqa: E402
 import cli  # noqa: E402
-from tools import util  # noqa: E402
+from loading import util  # noqa: E402
 from decode import generate  # noqa: E402
 from training.objective import BLOCK_SIZES, distill_loss  # noqa: E402
 from train import fit, load_checkpoint, save_checkpoint, teacher_info  # noqa: E402

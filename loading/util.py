@@ -1,6 +1,6 @@
 """What every script shares: bad input as one line `error: ...`, JSON files read with their
 name in every error, and writes that are never left half-done. No torch here:
-training/prepare.py imports it too."""
+tools/prepare.py imports it too."""
 import argparse
 import json
 import os

@@ -15,7 +15,6 @@ with --json the last line is one JSON object. Bad input: one line `error: ...`, 
 """
 import argparse
 import json
-import sys
 import time
 from functools import partial
 

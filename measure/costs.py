@@ -7,7 +7,7 @@ settings and table give the same tokens, forwards and stats on every run. Withou
 every copy a proposer makes is verified (its own budget: --gamma and --lookahead, or D*).
 
     python tools/costs.py --target models/target            # cost_b{4,8,32}_float32_<this CPU>.json
-    python tools/costs.py --target sdar-8b --device cuda --dtype bfloat16 --block-size 4,8,32 \
+    python tools/costs.py --target sdar-8b --device cuda --dtype bfloat16 --block-size 4,8,32 \\
         --cache-len 1024                                    # models/costs/sdar-8b/cost_b*_...json
 
 The format, one JSON object a file (a GPU sweep's JSON of rows, seconds, cache_len, dtype,
@@ -16,7 +16,8 @@ device, torch and sync_s is a table once model, block_size, code and date are ad
     seconds     the fastest forward of that many rows; positive, never less for more rows
     cache_len   rows in the KV cache before each forward
     sync_s      seconds one host sync costs (absent or null on a CPU, where it is about 0)
-    device, dtype, model, block_size: the key (key()): a table is used only where all match
+    device, dtype, model, block_size: the key (key(); device as device_name() writes it,
+                "cuda: NVIDIA H200"): a table is used only where all four match
     torch       torch.__version__ it ran on
     code        code_hash() of the code a forward runs: another hash, and the table is stale
     date, target: when, and from what (a checkpoint directory or a PRESETS name)

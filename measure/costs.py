@@ -152,8 +152,8 @@ def read_table(path):
         if "rows" not in t and "copies" in t:         # the format before rows: two blocks of cache
             t = dict(t, rows=[n * t["block_size"] for n in t["copies"]], cache_len=2 * t["block_size"])
         rs, ts = t["rows"], t["seconds"]
-        ok = (len(rs) == len(ts) >= 2 and all(type(n) is int for n in rs) and rs == sorted(set(rs)) and rs[0] >= 1
-              and all(isinstance(x, (int, float)) and x > 0 for x in ts) and ts == sorted(ts)
+        ok = (len(rs) == len(ts) >= 2 and all(type(n) is int for n in rs) and rs == sorted(set(rs))
+              and rs[0] >= 1 and all(isinstance(x, (int, float)) and x > 0 for x in ts) and ts == sorted(ts)
               and all(type(t[k]) is int and t[k] >= 0 for k in ("block_size", "cache_len")))
         if not ok or not all(isinstance(t.get(k), str) for k in ("device", "dtype", "model")):
             raise ValueError
@@ -171,9 +171,9 @@ def remeasure(table, path):
     folder = Path(path).parent
     target = table.get("target") or str(folder)
     out = SHAPES / target if target in PRESETS else Path(target)
+    B, cache_len = table["block_size"], table["cache_len"]
     return (f"python tools/costs.py --target {target}" + f" --out {folder}" * (out.resolve() != folder.resolve())
-            + f" --block-size {table['block_size']}" + f" --cache-len {table['cache_len']}" *
-            (table["cache_len"] != 2 * table["block_size"])
+            + f" --block-size {B}" + f" --cache-len {cache_len}" * (cache_len != 2 * B)
             + f" --device {table['device'].split(':')[0]} --dtype {table['dtype']}")
 
 

@@ -93,6 +93,7 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     rule = cli.make_rule(target, B, cli.THRESHOLD if threshold else None, strategy=None if threshold else strategy)
     seeded = lambda: torch.Generator(target.embed.weight.device).manual_seed(0)
     drafter = drafter if base in DRAFTED else None
+    table = costs.named(simsd["cost"]) if "cost" in simsd else {}      # what the row says of it
     if "cost" in simsd:   # the speed devices (fast.py): copies capped and sized
         simsd["cut"] = fast.cutter(simsd.pop("cost"), simsd.get("max_rows"), B)
     rows = simsd.pop("max_rows", None)
@@ -105,7 +106,7 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
         run = lambda ids, n: counting(spiffy_generate)(target, ids, n, rule, graph, draft_budget, generator=seeded(), walk=fast.walk,
                                              **simsd)
     blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, rows)
-    run.warm = dict(target=target, drafter=drafter, max_blocks=blocks)      # cli.warm_up's
+    run.warm, run.table = dict(target=target, drafter=drafter, max_blocks=blocks), table   # cli.warm_up's; the row's
     return run
 
 
@@ -236,12 +237,12 @@ def compare(plan, outputs, results, tasks, exact):
     against its eager self too, sdar and plain (speedups measured in this run) -> (rows,
     failures: a lossless method or a compiled row that changed a token, in fp32)."""
     rows, failed = [], []
-    for (name, B), (m, _) in plan.items():
+    for (name, B), (m, run) in plan.items():
         base, threshold = parse_method(m)
         tag = COMPILED * name.endswith(COMPILED)     # compared with its counterpart compiled alike
         plain = ("threshold" if threshold else "plain") + tag
         same = [a == b for a, b in zip(outputs[(name, B)], outputs[(plain, B)])]
-        rows.append(dict(method=name, block_size=B, **results[(name, B)], same_as=plain,
+        rows.append(dict(method=name, block_size=B, **results[(name, B)], **run.table, same_as=plain,
                          same_fraction=sum(same) / len(same)))
         if base in LOSSLESS and exact and not all(same):
             failed.append(f"{name} at B={B} differs from {plain} on {len(same) - sum(same)} prompt(s)")
@@ -305,6 +306,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
         [m for m in methods if end != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep,
         ablate, strategy, draft_budget or DRAFT_BUDGET, cost, rows_cap, end,
         **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
+    cli.warn(*dict.fromkeys(c.stale for c, _ in cost.values() if c))   # a table measured on other code
     head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__,
                 tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats)
     result, rows, failed, after_warmup = by_block_size(

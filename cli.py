@@ -272,6 +272,13 @@ class RecompileLimitHits(logging.Handler):
 
 # ---- checks: every flag before any file is read, in one line each
 
+def warn(*lines):
+    """Print each line given on stderr (None or "": none): what a run should know, not stop for
+    (a cost table measured on other code: costs.stale)."""
+    for line in filter(None, lines):
+        print(line, file=sys.stderr)
+
+
 def check_block_size(model, block_size, name):
     supported = model.config.block_sizes or (model.config.block_size,)
     if block_size not in supported:
@@ -400,7 +407,7 @@ def model_flags(ap, both=False):
                    "template (tokenizer_config.json's chat_template; ChatML if it has none)")
     g.add_argument("--cost-table", default=None, help="simsd, spiffy: the cost table (tools/costs.py) that sizes "
                    "the copies a round verifies (default: the one next to the target's weights for this "
-                   "device, if any; none: every copy verified)")
+                   "device, if any; a model shape's: models/costs/<shape>/...; none: every copy verified)")
     g.add_argument("--stop-ids", default=None, help="comma-separated token ids that end decoding "
                    "(default: the checkpoint's eos_token_id list, generation_config.json's, and the "
                    "tokenizer's EOS)")

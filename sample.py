@@ -15,7 +15,6 @@ with --json the last line is one JSON object. Bad input: one line `error: ...`, 
 """
 import argparse
 import json
-import sys
 import time
 from functools import partial
 
@@ -48,7 +47,7 @@ def check_args(spec, device, block_size, max_new_tokens, threshold, temperature,
 def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtype, compile,
             stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None):
     """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), its copies'
-    sizing in words, cli.warm_up's models); kw: the decoder's own (generator, on_block, ...)."""
+    sizing in words, cli.warm_up's models, costs.stale's warning); kw: the decoder's own."""
     dtype = getattr(torch, dtype) if dtype else None
     model, tok = cli.load(target, device, dtype, stop_ids)
     rule = cli.make_rule(model, block_size, cli.default_threshold(threshold, strategy),
@@ -69,8 +68,9 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
             model, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size), **kw)
     cli.compile_models(model, drf, compile)
     plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
+    stale = None if plain or cost is None else cost.stale
     return model, tok, rule, run, None if plain else cost_note, dict(
-        target=model, drafter=drf, max_blocks=2 if spec == "none" else 3 if verifier == "temporal" else blocks)
+        target=model, drafter=drf, max_blocks=2 if spec == "none" else 3 if verifier == "temporal" else blocks), stale
 
 
 def summary(spec, stats, rule, load_s, cost_note=None):
@@ -100,15 +100,14 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     check_args(spec, device, block_size, max_new_tokens, threshold, temperature, top_k, top_p,
                eb_threshold, graph, flags, dtype)
     t0 = time.perf_counter()
-    model, tok, rule, run, cost_note, warm = prepare(
+    model, tok, rule, run, cost_note, warm, stale = prepare(
         spec, target, flags.pop("drafter"), block_size, threshold, strategy, device, dtype, compile,
         stop_ids, graph, dict(temperature=temperature, top_k=top_k, top_p=top_p, eb_threshold=eb_threshold),
         flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"))
     text = tok.apply_chat_template(prompt) if chat else prompt
-    if chat and tok.chat_template is None:
-        print(f"note: {target} has no chat_template; the prompt is in ChatML", file=sys.stderr)
     ids = tok.encode(text)
     check_prompt(ids, model.config, max_new_tokens)
+    cli.warn(chat and tok.chat_template is None and f"note: {target} has no chat_template; the prompt is in ChatML", stale)
     kw = {k: v for k, v in flags.items() if v is not None}
     seeded = lambda: torch.Generator(device=device).manual_seed(seed)   # noqa: E731
     decode = lambda n: run(ids, n, generator=seeded(), **kw)[0]          # noqa: E731

@@ -1,14 +1,33 @@
-"""Cost tables: how long a verification forward of n block copies takes, for one device, dtype,
-model shape and block size, measured once by an explicit command and saved next to the weights
-(like Spiffy's graphs). The decoders size their copies by it (fast.sized, through
-fast.cutter) and never time anything themselves, so the same prompt, settings and table
-give the same tokens, forwards and stats on every run. Without a table every copy a proposer
-makes is verified (its own budget: --gamma and --lookahead, or D*).
+"""Cost tables: how long a verification forward of so many query rows takes, for one device,
+dtype, model shape and block size, measured once by an explicit command (tools/costs.py) and
+saved next to the weights, or, for a model shape with no weights here (SDAR-8B), in
+models/costs/<shape>/ (like Spiffy's graphs). The decoders size their copies by it
+(fast.sized, through fast.cutter) and never time anything themselves, so the same prompt,
+settings and table give the same tokens, forwards and stats on every run. Without a table
+every copy a proposer makes is verified (its own budget: --gamma and --lookahead, or D*).
 
     python tools/costs.py --target models/target            # cost_b{4,8,32}_float32_<this CPU>.json
-    python tools/costs.py --target ~/SDAR-8B-Chat --device cuda --dtype bfloat16 --block-size 4
+    python tools/costs.py --target sdar-8b --device cuda --dtype bfloat16 --block-size 4,8,32 \\
+        --cache-len 1024                                    # models/costs/sdar-8b/cost_b*_...json
+
+The format, one JSON object a file (a GPU sweep's JSON of rows, seconds, cache_len, dtype,
+device, torch and sync_s is a table once model, block_size, code and date are added):
+    rows        query rows of each measured forward, increasing (a copy is block_size rows)
+    seconds     the fastest forward of that many rows; positive, never less for more rows
+    cache_len   rows in the KV cache before each forward
+    sync_s      seconds one host sync costs (absent or null on a CPU, where it is about 0)
+    device, dtype, model, block_size: the key (key(); device as device_name() writes it,
+                "cuda: NVIDIA H200"): a table is used only where all four match
+    torch       torch.__version__ it ran on
+    code        code_hash() of the code a forward runs: another hash, and the table is stale
+    date, target: when, and from what (a checkpoint directory or a PRESETS name)
+Between two measured row counts a forward costs the straight line between them; past the last,
+the last segment's slope; below the first, the first's seconds. A table from before rows has
+"copies" (of block_size rows each) in their place and no cache_len (two blocks) or code: it is
+read as such, and called stale until it is measured again.
 """
 import bisect
+import hashlib
 import itertools
 import json
 import platform
@@ -20,9 +39,21 @@ from pathlib import Path
 import torch
 
 from decode import Session
+from loading.checkpoint import PRESETS
 from verify import Guesses, verify_copies
 
 COPIES = (1, 2, 4, 8, 16)   # the copy counts measured; linear between them and past the last
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = ROOT / "models" / "costs"   # tables for a model shape with no weights: SHAPES/<preset>/
+CODE = ("model.py", "mask.py", "decode.py", "verify.py")   # what a measured forward runs
+
+
+def code_hash():
+    """Short sha256 of the bytes of CODE: a table measured on other code is stale."""
+    h = hashlib.sha256()
+    for name in CODE:
+        h.update(name.encode() + b"\0" + (ROOT / name).read_bytes())
+    return h.hexdigest()[:12]
 
 
 def device_name(device):
@@ -56,15 +87,31 @@ def table_path(target_dir, model, B):
     return Path(target_dir) / f"cost_b{B}_{k['dtype']}_{re.sub('[^a-z0-9]+', '-', k['device'].lower())}.json"
 
 
-def measure(model, B, repeats=5):
-    """Seconds of a forward of n = 1, 2, 4, 8, 16 all-mask copies after two blocks of cache, the
-    fastest of `repeats` each, taken in turns (1, 2, ..., 16, 1, 2, ...) so that a slow spell of
-    the machine spreads over every n; more copies are never cheaper. -> the table (a dict)."""
+def sync_seconds(device, repeats):
+    """The fastest of `repeats` host syncs after one tiny kernel (a result read back and the
+    next launch waits: what a decoding round's sync costs), or None on a CPU."""
+    if torch.device(device).type != "cuda":
+        return None
+    x, times = torch.zeros(1, device=device), []
+    for _ in range(repeats + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        x.add_(1).item()
+        times.append(time.perf_counter() - t0)
+    return min(times[1:])
+
+
+def measure(model, B, repeats=5, cache_len=None, target=None):
+    """Seconds of a forward of n = 1, 2, 4, 8, 16 all-mask copies (n x B query rows) after
+    cache_len rows of cache (default: two blocks), the fastest of `repeats` each, taken in turns
+    (1, 2, ..., 16, 1, 2, ...) so that a slow spell of the machine spreads over every n; more
+    rows are never cheaper. -> the table (a dict, the module's format)."""
     device, mask_id = model.embed.weight.device, model.config.mask_token_id
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sess = Session(model, B, 19 * B)
-    sess.prefill(torch.zeros(2 * B, dtype=torch.long, device=device))
-    pos, times = torch.arange(2 * B, 3 * B, device=device), {n: [] for n in COPIES}
+    cache_len = 2 * B if cache_len is None else cache_len
+    sess = Session(model, B, cache_len + 17 * B)
+    sess.prefill(torch.zeros(cache_len, dtype=torch.long, device=device))
+    pos, times = torch.arange(cache_len, cache_len + B, device=device), {n: [] for n in COPIES}
     with torch.no_grad():
         for _ in range(repeats + 1):                                  # the first: a warm-up
             for n in COPIES:
@@ -74,37 +121,84 @@ def measure(model, B, repeats=5):
                 sync()
                 times[n].append(time.perf_counter() - t0)
     seconds = list(itertools.accumulate((min(times[n][1:]) for n in COPIES), max))
-    return dict(key(model, B), copies=list(COPIES), seconds=seconds, torch=torch.__version__,
-                date=date.today().isoformat())
+    return dict(key(model, B), rows=[n * B for n in COPIES], seconds=seconds, cache_len=cache_len,
+                sync_s=sync_seconds(device, repeats), torch=torch.__version__, code=code_hash(),
+                date=date.today().isoformat(), target=None if target is None else str(target))
+
+
+def seconds_at(table, rows):
+    """The seconds a forward of `rows` query rows takes by `table`: linear between its row
+    counts, the last slope past them, the first's seconds below them."""
+    rs, ts = table["rows"], table["seconds"]
+    rows = max(rows, rs[0])
+    i = min(max(bisect.bisect_left(rs, rows), 1), len(rs) - 1)     # the segment rows is on (or past)
+    return ts[i - 1] + (ts[i] - ts[i - 1]) * (rows - rs[i - 1]) / (rs[i] - rs[i - 1])
 
 
 def cost_of(table):
-    """A table -> cost(n copies) -> seconds, linear between the measured counts and past them."""
-    ns, ts = table["copies"], table["seconds"]
-
+    """A table -> cost(n copies) -> seconds (a copy: block_size rows)."""
     def cost(n):
-        i = min(max(bisect.bisect_left(ns, n), 1), len(ns) - 1)      # the segment n is on (or past)
-        return ts[i - 1] + (ts[i] - ts[i - 1]) * (n - ns[i - 1]) / (ns[i] - ns[i - 1])
+        return seconds_at(table, n * table["block_size"])
     cost.table = table
     return cost
 
 
 def read_table(path):
-    """A cost table file, checked: readable JSON with increasing copy counts and positive,
-    non-decreasing seconds. -> the table."""
+    """A cost table file, checked: readable JSON with the key, increasing row counts and
+    positive, non-decreasing seconds (a table from before rows: copies read as rows). -> the
+    table, with rows and cache_len."""
     try:
         t = json.loads(Path(path).read_text())
-        ns, ts = t["copies"], t["seconds"]
-        ok = (len(ns) == len(ts) >= 2 and all(type(n) is int for n in ns) and ns == sorted(set(ns)) and ns[0] >= 1
-              and all(isinstance(x, (int, float)) and x > 0 for x in ts) and ts == sorted(ts))
+        if "rows" not in t and "copies" in t:         # the format before rows: two blocks of cache
+            t = dict(t, rows=[n * t["block_size"] for n in t["copies"]], cache_len=2 * t["block_size"])
+        rs, ts = t["rows"], t["seconds"]
+        ok = (len(rs) == len(ts) >= 2 and all(type(n) is int for n in rs) and rs == sorted(set(rs))
+              and rs[0] >= 1 and all(isinstance(x, (int, float)) and x > 0 for x in ts) and ts == sorted(ts)
+              and all(type(t[k]) is int and t[k] >= 0 for k in ("block_size", "cache_len")))
         if not ok or not all(isinstance(t.get(k), str) for k in ("device", "dtype", "model")):
             raise ValueError
     except OSError as e:
         raise ValueError(f"cost table {path} cannot be read ({e.strerror or type(e).__name__})") from None
     except (ValueError, KeyError, TypeError, AttributeError):
         raise ValueError(f"malformed cost table {path}: it needs device, dtype, model, block_size, "
-                         "copies (increasing counts) and seconds (positive, non-decreasing)") from None
+                         "rows (increasing counts), seconds (positive, non-decreasing) and "
+                         "cache_len") from None
     return t
+
+
+def remeasure(table, path):
+    """The command that measures `table` (found at `path`) again, on this code."""
+    folder = Path(path).parent
+    target = table.get("target") or str(folder)
+    out = SHAPES / target if target in PRESETS else Path(target)
+    B, cache_len = table["block_size"], table["cache_len"]
+    return (f"python tools/costs.py --target {target}" + f" --out {folder}" * (out.resolve() != folder.resolve())
+            + f" --block-size {B}" + f" --cache-len {cache_len}" * (cache_len != 2 * B)
+            + f" --device {table['device'].split(':')[0]} --dtype {table['dtype']}")
+
+
+def stale(table, path):
+    """None if `table` was measured on the code here (its code hash), else the one-line warning
+    the command lines print (decoding still uses it: its counts stay a function of the inputs)."""
+    now = code_hash()
+    if table.get("code") == now:
+        return None
+    return (f"warning: cost table {path} was measured on other code (hash "
+            f"{table.get('code') or 'none kept'} != {now}): re-measure with {remeasure(table, path)}")
+
+
+def cost_from(table, path):
+    """cost_of(table), saying where it came from (cost.path) and whether it is stale
+    (cost.stale: stale's warning, or None)."""
+    cost = cost_of(table)
+    cost.path, cost.stale = str(path), stale(table, path)
+    return cost
+
+
+def named(cost):
+    """What a bench row records of its cost model: the table's file (None: no table) and
+    whether it was measured on other code."""
+    return dict(cost_table=getattr(cost, "path", None), cost_table_stale=bool(getattr(cost, "stale", None)))
 
 
 def load(path, model, B):
@@ -114,7 +208,7 @@ def load(path, model, B):
     for k, want in key(model, B).items():
         if t.get(k) != want:
             raise ValueError(f"cost table {path} was measured for {k} {t.get(k)!r}, not {want!r}")
-    return cost_of(t)
+    return cost_from(t, path)
 
 
 def find(target_dir, model, B):
@@ -128,16 +222,18 @@ def find(target_dir, model, B):
     t = read_table(path)
     if any(t.get(k) != v for k, v in key(model, B).items()):
         return None, f"no cost table for this device ({path.name} is for {t.get('device')})"
-    return cost_of(t), f"cost table {path.name} ({t['date']})"
+    cost = cost_from(t, path)
+    return cost, f"cost table {path.name} ({t.get('date')}{', stale' * bool(cost.stale)})"
 
 
 def cost_model(target_dir, model, B, table=None):
     """The cost model copies are sized by at block size B: the cost table `table` (refused if it
     is for another device, dtype, model or B), else the one next to the target's weights for
-    this device, if any (costs.py). -> (cost or None: every copy verified, in words: which)."""
+    this device, if any (costs.py). -> (cost or None: every copy verified, in words: which);
+    cost.stale: the warning to print when the table was measured on other code."""
     if table is None:
         return find(target_dir, model, B)
     if table == "none":
         return None, "no cost table (--cost-table none): every copy verified"
     cost = load(table, model, B)
-    return cost, f"cost table {table} ({cost.table['date']})"
+    return cost, f"cost table {table} ({cost.table.get('date')}{', stale' * bool(cost.stale)})"

@@ -1,9 +1,12 @@
 """Cost tables (tools/costs.py) and counts that repeat, CPU:
 
 - a table is measured once, by its command, and written whole (atomically); read back it is the
-  same cost model; one made for another device, dtype, model shape or block size, a malformed
+  same cost model, for any number of rows (straight lines between the measured ones, the last
+  slope past them); one made for another device, dtype, model shape or block size, a malformed
   one and an unreadable one are refused with one line naming the file and what is wrong, before
-  anything is decoded or printed;
+  anything is decoded or printed; a model shape's tables (no weights) sit in one folder;
+- a table measured on other code (its code hash) is named stale in one line by sample.py and
+  bench.py, and still used; a table from before rows is read as it was, and called stale;
 - the decoders never time anything: the same prompt, settings and table give the same tokens,
   forwards and stats on every run (sample.py --spec simsd and --spec spiffy, and a bench row,
   five times each, with a cost table and without); a table that prices copies steeply verifies
@@ -11,9 +14,11 @@
 
 Run: python -m pytest tests/test_costs.py -q
 """
+import bisect
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,8 +46,10 @@ def test_a_table_is_measured_written_and_read_back(tmp_path):
     model = checkpoint.from_pretrained(path, dtype=torch.float32)
     written = costs.table_path(path, model, 4)
     table = json.loads(written.read_text())
-    assert table["copies"] == list(costs.COPIES) and table["seconds"] == sorted(table["seconds"])
+    assert table["rows"] == [4 * n for n in costs.COPIES] and table["seconds"] == sorted(table["seconds"])
     assert {k: table[k] for k in ("device", "dtype", "model", "block_size")} == costs.key(model, 4)
+    assert (table["cache_len"], table["sync_s"], table["torch"]) == (8, None, torch.__version__)
+    assert table["code"] == costs.code_hash() and table["target"] == str(path)
     cost, how = costs.find(path, model, 4)
     assert cost(1) == table["seconds"][0] and cost(16) == table["seconds"][-1] and written.name in how
     assert cost(1) <= cost(3) <= cost(4) <= cost(20)
@@ -64,7 +71,8 @@ def test_an_interrupted_write_leaves_the_old_table_whole(tmp_path, monkeypatch):
 
 
 def good_table(model, B):
-    return dict(costs.key(model, B), copies=[1, 2, 4, 8, 16], seconds=[1.0, 1.5, 2.0, 3.0, 5.0], date="today")
+    return dict(costs.key(model, B), rows=[B * n for n in (1, 2, 4, 8, 16)], seconds=[1.0, 1.5, 2.0, 3.0, 5.0],
+                cache_len=2 * B, code=costs.code_hash(), date="today")
 
 
 @pytest.mark.parametrize("change, words", [
@@ -73,8 +81,10 @@ def good_table(model, B):
     (dict(model="36 layers"), "measured for model '36 layers'"),
     (dict(block_size=32), "measured for block_size 32"),
     (dict(seconds=[2.0, 1.0, 3.0, 4.0, 5.0]), "malformed cost table"),
-    (dict(copies=[1, 2]), "malformed cost table"),
+    (dict(rows=[4, 8]), "malformed cost table"),
+    (dict(rows=[4, 8, 8, 16, 32]), "malformed cost table"),
     (dict(seconds="fast"), "malformed cost table"),
+    (dict(cache_len=None), "malformed cost table"),
 ])
 def test_a_table_for_something_else_is_refused_with_one_line(tmp_path, change, words):
     model = make_model(block_size=4)
@@ -188,3 +198,102 @@ def test_bad_table_flags_are_refused_by_the_bench(tmp_path):
     (tmp_path / "t.json").write_text("{}")
     with pytest.raises(ValueError, match="malformed cost table"):
         bench.main(**bench.parse_args(["--methods", "spiffy", "--prompts", "1", "--cost-table", str(tmp_path / "t.json")]))
+
+
+def test_a_table_is_read_for_any_rows_by_interpolation():
+    """Between two measured row counts the straight line; past the last, the last slope; below
+    the first, the first's seconds; cost(n copies) is the table at n x B rows."""
+    t = dict(block_size=4, rows=[4, 8, 16, 64], seconds=[1.0, 2.0, 4.0, 10.0])
+    assert [costs.seconds_at(t, r) for r in (4, 6, 8, 12, 16, 40, 64)] == [1.0, 1.5, 2.0, 3.0, 4.0, 7.0, 10.0]
+    assert costs.seconds_at(t, 112) == 16.0 and costs.seconds_at(t, 2) == 1.0
+    assert [costs.cost_of(t)(n) for n in (1, 3, 10, 28)] == [1.0, 3.0, 7.0, 16.0]
+
+
+def test_a_sweeps_json_with_the_key_added_is_a_table(tmp_path):
+    """A GPU sweep's JSON (rows 4/16/64/256 at one cache length, a sync's seconds) with the key
+    fields and the code hash added reads as a table, fresh."""
+    model = make_model(block_size=4)
+    sweep = dict(rows=[4, 16, 64, 256], seconds=[7e-3, 7.5e-3, 9e-3, 2e-2], cache_len=1024, dtype="float32",
+                 device=costs.device_name("cpu"), torch="2.13.0", sync_s=2e-4)
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(dict(sweep, model=costs.model_shape(model.config), block_size=4,
+                                    code=costs.code_hash())))
+    cost = costs.load(path, model, 4)
+    assert (cost(1), cost(4), cost(16), cost(10)) == (7e-3, 7.5e-3, 9e-3, 7.5e-3 + 1.5e-3 * 24 / 48)
+    assert cost.stale is None and cost.table["sync_s"] == 2e-4 and cost.path == str(path)
+
+
+def test_a_model_shape_with_no_weights_gets_its_tables_in_one_folder(tmp_path, monkeypatch):
+    """tools/costs.py --target tiny: a random model of the preset's shape measured (repeats=1)
+    into SHAPES/tiny/, or --out, and read back by --cost-table PATH for a model of that shape,
+    refused for another shape; the command that measures it again is the one that wrote it."""
+    monkeypatch.setattr(costs, "SHAPES", tmp_path / "shapes")
+    costs_script.main("tiny", block_sizes=(4, 8), repeats=1)
+    costs_script.main("tiny", block_sizes=(4,), repeats=1, out=tmp_path / "mine", cache_len=16)
+    model = make_model(block_size=8)
+    path = costs.table_path(tmp_path / "shapes" / "tiny", model, 8)
+    cost = costs.load(path, model, 8)
+    assert cost.table["rows"] == [8 * n for n in costs.COPIES] and cost(16) == cost.table["seconds"][-1]
+    assert cost.table["target"] == "tiny" and cost.table["cache_len"] == 16 and cost.stale is None
+    assert costs.remeasure(cost.table, path) == "python tools/costs.py --target tiny --block-size 8 --device cpu --dtype float32"
+    mine = costs.table_path(tmp_path / "mine", model, 4)
+    assert costs.remeasure(costs.read_table(mine), mine) == (
+        f"python tools/costs.py --target tiny --out {tmp_path / 'mine'} --block-size 4 --cache-len 16 "
+        "--device cpu --dtype float32")
+    with pytest.raises(ValueError, match="was measured for model '2 layers"):
+        costs.load(path, make_model(n_layer=3, block_size=8), 8)
+
+
+def test_a_table_from_before_rows_is_read_as_before_and_called_stale():
+    """The shipped tables (copies, no cache_len, no code hash) give the very costs they gave
+    before (so the decoders' counts do not move), and a warning that says how to measure them
+    again."""
+    shipped = sorted((ROOT / "models" / "target").glob("cost_b*_float32_*.json"))
+    assert len(shipped) == 6
+    for path in shipped:
+        old, t = json.loads(path.read_text()), costs.read_table(path)
+        ns, ts = old["copies"], old["seconds"]
+        for n in range(1, 41):      # the reading by copies that the tables were made for
+            i = min(max(bisect.bisect_left(ns, n), 1), len(ns) - 1)
+            assert costs.cost_of(t)(n) == ts[i - 1] + (ts[i] - ts[i - 1]) * (n - ns[i - 1]) / (ns[i] - ns[i - 1])
+        assert "rows" not in old and t["cache_len"] == 2 * old["block_size"]
+        assert costs.stale(t, path) == (
+            f"warning: cost table {path} was measured on other code (hash none kept != {costs.code_hash()}): "
+            f"re-measure with python tools/costs.py --target {path.parent} --block-size {old['block_size']} "
+            "--device cpu --dtype float32")
+
+
+@pytest.fixture(scope="module")
+def stale_table(steep_table):
+    """The steep table, said to be measured on other code."""
+    path = Path(steep_table).with_name("stale.json")
+    path.write_text(json.dumps(dict(json.loads(Path(steep_table).read_text()), code="0123456789ab")))
+    return str(path)
+
+
+def test_a_table_measured_on_other_code_is_named_stale_and_still_used(steep_table, stale_table, capsys):
+    """sample.py prints one line naming the file, both hashes and the command that measures it
+    again; it decodes by the table as ever: the tokens and counts of the same table fresh."""
+    model = checkpoint.from_pretrained(ROOT / "models" / "target", dtype=torch.float32)
+    warning = costs.load(stale_table, model, 4).stale
+    assert costs.load(steep_table, model, 4).stale is None and "\n" not in warning
+    assert warning == (f"warning: cost table {stale_table} was measured on other code (hash 0123456789ab != "
+                       f"{costs.code_hash()}): re-measure with python tools/costs.py --target "
+                       f"{Path(stale_table).parent} --block-size 4 --device cpu --dtype float32")
+    fresh = sample.main(spec="simsd", cost_table=steep_table, as_json=True)
+    assert "warning" not in capsys.readouterr().err
+    stale = sample.main(spec="simsd", cost_table=stale_table, as_json=True)
+    assert capsys.readouterr().err == warning + "\n"
+    assert stale[0] == fresh[0] and counts(stale[1]) == counts(fresh[1])
+
+
+def test_a_bench_row_names_its_table_and_whether_it_is_stale(steep_table, stale_table, capsys):
+    for table, stale in ((steep_table, False), (stale_table, True)):
+        bench.main(**bench.parse_args(["--methods", "simsd,spiffy", "--prompts", "1", "--max-new-tokens", "8",
+                                       "--cost-table", table]))
+        out = capsys.readouterr()
+        rows = {r["method"]: r for r in json.loads(out.out.strip().splitlines()[-1])["results"]}
+        for m in ("simsd-lossless+threshold", "spiffy+threshold"):
+            assert (rows[m]["cost_table"], rows[m]["cost_table_stale"]) == (table, stale)
+        assert "cost_table" not in rows["threshold"]                # plain decoding sizes nothing
+        assert out.err.count("warning: cost table") == stale

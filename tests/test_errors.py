@@ -268,6 +268,13 @@ CASES = {
                              "--resume: cannot read"),
     "train-out-dir-a-file": (data_and("f", "not a directory"), TRAIN + " --out-dir {d}/f", "is not a directory"),
     "train-finetune-first": (data, TRAIN + " --finetune --out-dir {d}/m", "--finetune: no model in"),
+    # tools/costs.py
+    "costs-cache-len-negative": (None, "tools/costs.py --target tiny --device cpu --cache-len -1",
+                                 "--cache-len must be >= 0, got -1"),
+    "costs-cache-len-overflow": (None, "tools/costs.py --target tiny --device cpu --out {d}/t --block-size 32 "
+                                 "--cache-len 1000", "--cache-len 1000 and 16 copies of 32 overflow the context (1024)"),
+    "costs-target-unknown": (None, "tools/costs.py --target sdar8b --device cpu",
+                             "--target sdar8b is neither a checkpoint directory nor a model shape (sdar-1.7b,"),
     # tools/calibrate.py
     "calibrate-block-size-16-0": (target, CALIBRATE + " --block-size 16,0", "--block-size must be >= 1, got 0"),
     "calibrate-block-size-16": (target, CALIBRATE + " --block-size 4,16", "not 16"),

@@ -18,6 +18,9 @@ from loading.checkpoint import from_pretrained  # noqa: E402
 from cli import check_block_size, check_device  # noqa: E402
 from measure.costs import measure, table_path  # noqa: E402
 
+SMOKE = "--target {target} --block-size 4 --device cpu --repeats 1"
+SMOKE_OUTPUT = r"cost_b4_float32_.*\.json: 1: \d+\.\d\d ms, 2: "
+
 
 def main(target="models/target", block_sizes=(4, 8, 32), device="cpu", dtype="float32", repeats=5):
     util.check_positive(repeats=repeats)

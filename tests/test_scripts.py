@@ -141,5 +141,5 @@ def test_every_script_runs_at_its_smallest_setting(path, results):
 
 def test_a_script_without_its_smallest_setting_is_found(tmp_path):
     """The check can fail: a script with no SMOKE declares nothing."""
-    (tmp_path / "x.py").write_text('"""doc"""\nimport sys\nN = 3\n')
-    assert declared(tmp_path / "x.py") == {}
+    (tmp_path / "script").write_text('"""doc"""\nimport sys\nN = 3\n')
+    assert declared(tmp_path / "script") == {}

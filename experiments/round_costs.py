@@ -25,11 +25,12 @@ same method, and against threshold's own target forward.
     python experiments/round_costs.py --compile drafter   # the drafter compiled, the target eager
     python experiments/round_costs.py --device cuda --dtype bfloat16 --compile   # gpu_check.sh's
     python experiments/round_costs.py --ops              # aten ops a token instead: exact, no clock
+    python experiments/round_costs.py --prompts 1 --block-size 4 --max-new-tokens 8   # seconds
 
 --ops counts the aten ops each part dispatches (a dispatch mode, eager only) instead of timing
 it: counts repeat exactly, and on a CPU, where a small op costs its dispatch, the share of ops
 outside the forwards is close to the share of time (docs/results.md, "Time outside the forwards
-is its ops").
+is its ops"). It prints a table per block size: a row per method, a column per part.
 """
 import argparse
 import contextlib
@@ -50,27 +51,14 @@ import fast  # noqa: E402
 import speculate  # noqa: E402
 import spiffy  # noqa: E402
 import variants  # noqa: E402
-import verify  # noqa: E402
+from loading import util  # noqa: E402
 from training.tasks import load_tasks  # noqa: E402
 
-ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-ap.add_argument("--prompts", type=int, default=40)
-ap.add_argument("--block-size", default="4,8")
-ap.add_argument("--device", default="cpu")
-ap.add_argument("--dtype", default=None, choices=cli.DTYPES)
-ap.add_argument("--compile", nargs="?", const="auto", choices=cli.COMPILE_MODES)
-ap.add_argument("--ops", action="store_true", help="count aten ops a token by part, not time")
-args = ap.parse_args()
-if args.ops and args.compile:
-    sys.exit("error: --ops counts eager ops; drop --compile")
-torch.set_num_threads(2)
-n, sizes = args.prompts, [int(b) for b in args.block_size.split(",")]
-sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", sizes, args.device,
-                                       getattr(torch, args.dtype) if args.dtype else None, args.compile)
-prompts = [ids for ids, _ in load_tasks(None, n, tok, False)]
+SMOKE = "--prompts 1 --block-size 4 --max-new-tokens 8"
+SMOKE_OUTPUT = r"B = 4, 1 problems, eager: each part's share(.|\n)*\n--spec simsd +\d+\.\d%"
 T, N, stack, where = defaultdict(float), defaultdict(int), [], [""]   # stack: [part, inner time]
 OPS = defaultdict(int)                   # --ops: aten ops by (method, innermost part)
+PARTS = ("target forwards", "drafter forwards", "rule", "walk", "hint", "proposing")
 
 
 class CountOps(TorchDispatchMode):
@@ -79,7 +67,7 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def timed(owner, name, key):
+def timed(owner, name, key, sync):
     """Wrap owner.name: its exclusive time goes to key (or key(args) -> key)."""
     f = getattr(owner, name)
 
@@ -99,35 +87,45 @@ def timed(owner, name, key):
     setattr(owner, name, wrapped)
 
 
-timed(decode.Session, "forward", lambda a: "target forwards" if a[0].model is target
-      else "drafter forwards")
-timed(decode.DecodeRule, "__call__", "rule")
-timed(fast, "walk", "walk")
-timed(spiffy, "ranks", "hint")
-timed(decode.DecodeRule, "best", lambda a: "rule" if stack and stack[-1][0] == "rule" else "hint")
-for owner, name in ((fast, "draft"), (spiffy, "draft_copies"), (variants, "trajectory"),
-                    (variants, "lookup_draft"), (speculate, "drafted_states")):
-    timed(owner, name, "proposing")
-PARTS = ("target forwards", "drafter forwards", "rule", "walk", "hint", "proposing")
+def time_the_parts(target, sync):
+    """Every part's function wrapped (for this process: the script ends after it)."""
+    timed(decode.Session, "forward", lambda a: "target forwards" if a[0].model is target
+          else "drafter forwards", sync)
+    timed(decode.DecodeRule, "__call__", "rule", sync)
+    timed(fast, "walk", "walk", sync)
+    timed(spiffy, "ranks", "hint", sync)
+    timed(decode.DecodeRule, "best", lambda a: "rule" if stack and stack[-1][0] == "rule"
+          else "hint", sync)
+    for owner, name in ((fast, "draft"), (spiffy, "draft_copies"), (variants, "trajectory"),
+                        (variants, "lookup_draft"), (speculate, "drafted_states")):
+        timed(owner, name, "proposing", sync)
 
-for B in sizes:
+
+def methods(target, drafter, B, n_new):
+    """name -> run(prompt ids): each method as the command lines compose it."""
     rule = cli.make_rule(target, B, cli.THRESHOLD)
     cut = fast.cutter(costs.cost_model(cli.DEFAULT_TARGET, target, B, None)[0], None, B)
     kw, simsd = dict(cut=cut, walk=fast.walk), dict(cut=cut, draft=fast.draft, walk=fast.walk)
     graph = graphs.load_graph(graphs.graph_path(cli.DEFAULT_TARGET, rule), rule)
-    methods = {
-        "threshold": lambda ids: decode.generate(target, ids, 64, rule),
-        "--spec simsd": lambda ids: variants.simsd(target, drafter, ids, 64, rule, **simsd),
-        "--spec spiffy": lambda ids: spiffy.spiffy_generate(target, ids, 64, rule, graph, **kw),
-        "trajectory": lambda ids: variants.simsd(target, None, ids, 64, rule, reference="trajectory",
-                                                 **simsd),
-        "lookup": lambda ids: variants.simsd(target, None, ids, 64, rule, reference="lookup", **simsd)}
+    return {
+        "threshold": lambda ids: decode.generate(target, ids, n_new, rule),
+        "--spec simsd": lambda ids: variants.simsd(target, drafter, ids, n_new, rule, **simsd),
+        "--spec spiffy": lambda ids: spiffy.spiffy_generate(target, ids, n_new, rule, graph, **kw),
+        "trajectory": lambda ids: variants.simsd(target, None, ids, n_new, rule,
+                                                 reference="trajectory", **simsd),
+        "lookup": lambda ids: variants.simsd(target, None, ids, n_new, rule, reference="lookup",
+                                             **simsd)}
+
+
+def measure(runs, prompts, ops, sync):
+    """Every method on every prompt, interleaved, twice (the first a warm-up) -> (seconds,
+    tokens) by method; the parts' times (or ops) in T, N and OPS."""
     total, tokens = defaultdict(float), defaultdict(int)
     for warm in (True, False):
         T.clear(), N.clear(), OPS.clear()
-        with CountOps() if args.ops and not warm else contextlib.nullcontext():
+        with CountOps() if ops and not warm else contextlib.nullcontext():
             for ids in prompts:
-                for name, run in methods.items():
+                for name, run in runs.items():
                     where[0] = name
                     sync()
                     t0 = time.perf_counter()
@@ -135,23 +133,26 @@ for B in sizes:
                     sync()
                     total[name] += 0 if warm else time.perf_counter() - t0
                     tokens[name] += 0 if warm else len(out)
-    if args.ops:
-        print(f"B = {B}, {n} problems, eager: aten ops a token, by part")
-        print(f"{'':14s}" + "".join(f"{p:>17s}" for p in PARTS) + f"{'loop, rest':>12s}"
-              f"{'outside forwards':>18s}{'ops a forward: target / drafter':>33s}")
-        for name in methods:
-            ops = {p: OPS[(name, p)] / tokens[name] for p in (*PARTS, "loop, rest")}
-            inside = ops["target forwards"] + ops["drafter forwards"]
-            a_call = [OPS[(name, p)] / N[(name, p)] for p in PARTS[:2] if N[(name, p)]]
-            print(f"{name:14s}" + "".join(f"{ops[p]:17.1f}" for p in (*PARTS, "loop, rest")) +
-                  f"{1 - inside / sum(ops.values()):18.1%}{' / '.join(f'{x:.0f}' for x in a_call):>33s}")
-        continue
-    print(f"B = {B}, {n} problems, {'the drafter compiled' if args.compile == 'drafter' else 'compiled' if args.compile else 'eager'}: each part's share of "
-          f"decode time (ms a token in all; a drafter forward x a target forward)")
+    return total, tokens
+
+
+def print_ops(runs, tokens):
+    print(f"{'':14s}" + "".join(f"{p:>17s}" for p in PARTS) + f"{'loop, rest':>12s}"
+          f"{'outside forwards':>18s}{'ops a forward: target / drafter':>33s}")
+    for name in runs:
+        ops = {p: OPS[(name, p)] / tokens[name] for p in (*PARTS, "loop, rest")}
+        inside = ops["target forwards"] + ops["drafter forwards"]
+        a_call = [OPS[(name, p)] / N[(name, p)] for p in PARTS[:2] if N[(name, p)]]
+        print(f"{name:14s}" + "".join(f"{ops[p]:17.1f}" for p in (*PARTS, "loop, rest")) +
+              f"{1 - inside / sum(ops.values()):18.1%}"
+              f"{' / '.join(f'{x:.0f}' for x in a_call):>33s}")
+
+
+def print_times(runs, total, tokens):
     print(f"{'':14s}" + "".join(f"{p:>17s}" for p in PARTS) + f"{'loop, rest':>12s}"
           f"{'outside forwards':>18s}{'ms/token':>10s}{'drafter fwd x':>15s}")
     per = lambda name, p: T[(name, p)] / max(N[(name, p)], 1)   # noqa: E731  seconds a call
-    for name in methods:
+    for name in runs:
         share = {p: T[(name, p)] / total[name] for p in PARTS}
         rest = 1 - sum(share.values())
         outside = 1 - share["target forwards"] - share["drafter forwards"]
@@ -160,3 +161,43 @@ for B in sizes:
                   f"{per(name, 'drafter forwards') / per(name, 'target forwards'):8.2f} / "
                   f"{per(name, 'drafter forwards') / per('threshold', 'target forwards'):.2f}"
                   if N[(name, "drafter forwards")] else ""))
+
+
+def main(prompts=40, block_sizes=(4, 8), device="cpu", dtype=None, compile=None, ops=False,
+         max_new_tokens=64):
+    util.check_positive(prompts=prompts, max_new_tokens=max_new_tokens)
+    if ops and compile:
+        raise ValueError("--ops counts eager ops; drop --compile")
+    cli.check_device(device)
+    torch.set_num_threads(2)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", block_sizes, device,
+                                           getattr(torch, dtype) if dtype else None, compile)
+    time_the_parts(target, sync)
+    ids = [ids for ids, _ in load_tasks(None, prompts, tok, False)]
+    how = ("the drafter compiled" if compile == "drafter" else "compiled" if compile
+           else "eager")
+    for B in block_sizes:
+        runs = methods(target, drafter, B, max_new_tokens)
+        total, tokens = measure(runs, ids, ops, sync)
+        if ops:
+            print(f"B = {B}, {prompts} problems, eager: aten ops a token, by part")
+            print_ops(runs, tokens)
+        else:
+            print(f"B = {B}, {prompts} problems, {how}: each part's share of decode time (ms a "
+                  f"token in all; a drafter forward x a target forward)")
+            print_times(runs, total, tokens)
+
+
+if __name__ == "__main__":
+    ap = util.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=40, help="held-out problems")
+    ap.add_argument("--block-size", default="4,8", help="comma-separated")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default=None, choices=cli.DTYPES)
+    ap.add_argument("--compile", nargs="?", const="auto", choices=cli.COMPILE_MODES)
+    ap.add_argument("--ops", action="store_true", help="count aten ops a token by part, not time")
+    a = ap.parse_args()
+    util.run(lambda: main(a.prompts, util.int_list(a.block_size, "--block-size"), a.device,
+                          a.dtype, a.compile, a.ops, a.max_new_tokens))

@@ -16,6 +16,7 @@ the weights with a fan-in scaled std gives varied greedy outputs and spread-out 
 """
 import json
 import math
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -128,3 +129,58 @@ def tiny_corpus(tmp_path):
     (data / "meta.json").write_text(json.dumps(dict(vocab_size=sp.get_piece_size(), eos_id=2, mask_id=3)))
     (data / "tokenizer.model").write_bytes((target / "tokenizer.model").read_bytes())
     return data
+
+
+# A process that imports what the scripts import, once, then forks a child per command. The
+# child becomes `python <script>.py <args>`: its own directory, argv, stdout and stderr files,
+# the script's __main__ block run by runpy, and the interpreter's own handling of SystemExit and
+# of an uncaught exception (the traceback). Only imports are shared: torch's take 1.5 s, and
+# torch's lazy ones for the first model built on the meta device (from_pretrained) 2 s more.
+FORKER = """
+import gc, json, os, runpy, signal, sys
+sys.path[0] = sys.argv[1]
+import bench, sample, spiffy, train, torch, model
+from tools import calibrate
+from tools import prepare
+with torch.device("meta"):
+    model.Transformer(model.ModelConfig())
+if sys.argv[2] == "one-thread":  # whatever a script asks: threads on shared cores wait on each other
+    torch.set_num_threads(1)
+    torch.set_num_threads = lambda n: None
+gc.freeze()  # else each child's exit walks (and so copies) the whole shared heap: 1 s
+print("ready", flush=True)
+for line in sys.stdin:
+    case = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(case["alarm"])  # a script that hangs (or starts its real work) is stopped
+        os.chdir(case["cwd"])
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            os.dup2(os.open(case[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.stdin, sys.argv = open(os.devnull), case["argv"]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        sys.exit(0)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+class Forker:
+    """FORKER as a process: run(argv, cwd, stdout, stderr) -> the exit status; close() checks
+    that the shared imports printed nothing. threads: "one-thread" pins torch to one."""
+
+    def __init__(self, threads="", env=None, alarm=120):
+        self.alarm = alarm
+        self.proc = subprocess.Popen([sys.executable, "-c", FORKER, str(ROOT), threads],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdout.readline() == "ready\n"
+
+    def run(self, argv, cwd, stdout, stderr):
+        self.proc.stdin.write(json.dumps(dict(cwd=str(cwd), argv=argv, stdout=str(stdout),
+                                              stderr=str(stderr), alarm=self.alarm)) + "\n")
+        self.proc.stdin.flush()
+        return int(self.proc.stdout.readline())
+
+    def close(self):
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=900) == 0 and self.proc.stderr.read() == "", "the imports printed"

@@ -24,7 +24,8 @@ Re-recorded 2026-12-06: the drafter's random stream is seeded afresh each round 
 run's seed and the round's index), so speculate.draft, which stops when the drafter does, and
 fast.draft, which runs its fixed number of forwards, write the same text. 16 runs moved, all
 sampled SimSD runs (13 paper, gated or temporal runs, 12 of them in tokens; 3 lossless runs in
-counts only); no greedy run and no lossless token moved (experiments/draft_loop.py).
+counts only); no greedy run and no lossless token moved (tests/test_fast.py, whole decodes
+of both drafter forms).
 
 A change that moves counts on purpose rewrites the fixture, and says so:
     python tests/test_counts_fixed.py --write

@@ -5,7 +5,7 @@ and no file written or changed.
 Each case runs the tool in its own process and directory, on a copy of the shipped target (or
 a data directory, a graph, a data file) with one thing broken. Starting Python and importing
 torch takes about 2 s a process, so the processes are forked from one that has done the
-imports (FORKER below); a few cases are also run from scratch to show that this changes
+imports (conftest.FORKER); a few cases are also run from scratch to show that this changes
 nothing. Each case is its own test with its own assertions.
 """
 import json
@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from loading import checkpoint
-from conftest import tiny_corpus
+from conftest import Forker, tiny_corpus
 from model import ModelConfig, Transformer
 from loading.checkpoint import PRESETS
 
@@ -326,36 +326,6 @@ def tree(d):
     return out
 
 
-# A process that imports what the tools import, once, then forks a child per case. The child
-# becomes `python <tool>.py <args>`: its own directory, argv, stdout and stderr files, the
-# tool's __main__ block run by runpy, and the interpreter's own handling of SystemExit and of
-# an uncaught exception (the traceback). Only imports are shared: torch's take 1.5 s, and
-# torch's lazy ones for the first model built on the meta device (from_pretrained) 2 s more.
-FORKER = """
-import gc, json, os, runpy, signal, sys
-sys.path[0] = sys.argv[1]
-import bench, sample, spiffy, train, torch, model
-from tools import calibrate
-from tools import prepare
-with torch.device("meta"):
-    model.Transformer(model.ModelConfig())
-gc.freeze()  # else each child's exit walks (and so copies) the whole shared heap: 1 s
-print("ready", flush=True)
-for line in sys.stdin:
-    case = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        signal.alarm(120)  # a tool that starts its real work instead of failing is stopped
-        os.chdir(case["cwd"])
-        for fd, name in ((1, "stdout"), (2, "stderr")):
-            os.dup2(os.open(case[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        sys.stdin, sys.argv = open(os.devnull), case["argv"]
-        runpy.run_path(sys.argv[0], run_name="__main__")
-        sys.exit(0)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
-"""
-
-
 def command(case, d):
     """Set up the case's directory; -> its command line (tool path first)."""
     setup, cmd, _ = CASES[case]
@@ -372,21 +342,15 @@ def results(request, tmp_path_factory):
                 if item.module is sys.modules[__name__] and hasattr(item, "callspec")]
     shipped, out = tree(ROOT / "models"), {}
     logs = tmp_path_factory.mktemp("logs")
-    forker = subprocess.Popen([sys.executable, "-c", FORKER, str(ROOT)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert forker.stdout.readline() == "ready\n"
+    forker = Forker()   # (conftest.FORKER: a process a case, forked after the imports)
     for case in selected:
         d = tmp_path_factory.mktemp(case)
         argv = command(case, d)
         before = tree(d)
         stdout, stderr = logs / f"{case}.out", logs / f"{case}.err"
-        forker.stdin.write(json.dumps(dict(cwd=str(d), argv=argv, stdout=str(stdout),
-                                           stderr=str(stderr))) + "\n")
-        forker.stdin.flush()
-        status = int(forker.stdout.readline())
+        status = forker.run(argv, d, stdout, stderr)
         out[case] = (status, stdout.read_text(), stderr.read_text(), before, tree(d), d)
-    forker.stdin.close()
-    assert forker.wait(timeout=900) == 0 and forker.stderr.read() == "", "the imports printed"
+    forker.close()
     assert tree(ROOT / "models") == shipped, "a case changed the shipped models"
     return out
 

@@ -26,6 +26,9 @@ from training.tasks import problems  # noqa: E402
 from spiffy import calibrate  # noqa: E402
 from measure.graphs import graph_path  # noqa: E402
 
+SMOKE = "--target {target} --block-size 4 --prompts 1"
+SMOKE_OUTPUT = r"spiffy_graph_b4_t0\.9\.json: \d+ nodes from 1 prompts"
+
 
 def main(target="models/target", block_sizes=(4, 8, 32), threshold=None, prompts=50, budget=16,
          max_new_tokens=64, strategy=None, eb_threshold=EB_THRESHOLD, data=None, chat=False):

@@ -40,6 +40,10 @@ from decode import generate  # noqa: E402
 from training.objective import BLOCK_SIZES, distill_loss  # noqa: E402
 from train import fit, load_checkpoint, save_checkpoint, teacher_info  # noqa: E402
 
+SMOKE = ("--prompts {questions} --out {tmp}/drafter --max-new-tokens 8 --iters 1 --batch-size 2 "
+         "--eval-every 1 --device cpu")
+SMOKE_OUTPUT = r"saved the distilled drafter to .*/drafter after \d+ s"
+
 
 def check_args(iters, batch_size, lr, distill_weight, max_new_tokens, eval_every):
     util.check_positive(iters=iters, batch_size=batch_size, max_new_tokens=max_new_tokens,

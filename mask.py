@@ -1,4 +1,4 @@
-"""Every attention rule of the project, as FlexAttention `mask_mod` closures.
+"""Every attention rule of decoding (training's: training/objective.py), as `mask_mod` closures.
 
 A mask_mod (b, h, q_idx, kv_idx) -> bool is True where the query may attend to the key. One
 closure drives flex_attention (block_mask) and SDPA (dense_mask), and is the tests' dense

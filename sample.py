@@ -12,6 +12,7 @@ Every method decodes with the same rule unless told otherwise: the threshold rul
 Text is printed block by block, then a one-line summary (decoding time apart from loading and
 warm-up; with --compile the warm-up compiles every graph and checks the tokens against eager);
 with --json the last line is one JSON object. Bad input: one line `error: ...`, exit status 1.
+The calls from here to SimSD's first verification: docs/design.md, section 7.
 """
 import argparse
 import json
@@ -147,8 +148,7 @@ def parse_args(argv=None):
     ap.add_argument("--block-size", type=int, default=None, help="B (default: the target's)")
     for flags in (cli.model_flags, cli.rule_flags, cli.simsd_flags, cli.spiffy_flags):
         flags(ap)
-    ap.add_argument_group("output").add_argument("--json", dest="as_json", action="store_true",
-                                                 help="last line: one JSON object")
+    ap.add_argument_group("output").add_argument("--json", dest="as_json", action="store_true", help="last line: one JSON object")
     args = vars(ap.parse_args(argv))
     if args["stop_ids"] is not None:
         args["stop_ids"] = util.int_list(args["stop_ids"], "--stop-ids")

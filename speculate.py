@@ -8,8 +8,6 @@ docs/design.md, section 3 (after the SimSD paper). Each round of the loop (decod
           temporal (the paper's): ONE forward over [data section | mask section] under the
           token-level temporal mask (verify_temporal), the drafts accepted along tau
           (accept_temporal), greedy or sampled; not lossless.
-`sample.py --spec simsd` runs simsd_generate through variants.simsd with fast.draft, fast.walk
-(draft, verify.walk: one host sync a round) and fast.cutter (the copies a cost table pays for).
 """
 from dataclasses import dataclass, replace
 from itertools import accumulate, count
@@ -115,24 +113,22 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
 
 
 def drafted_states(front, d, ahead, stops, mask_id, every=True):
-    """A Draft's states as verify.Guesses: the open block, then after each draft (every) or each
-    drafter step; a later block's from all masks, after the complete state of the block before
-    (Guesses.after); after a complete last one with no stop id and a block left, the next's."""
-    B = len(front.host)
-    states, after, reach, drafted = [list(front.host)], [-1], [1.0], [0]
-
-    def add(state, complete, odds, n):   # a copy of state, after copy `complete`, with n drafts
-        states.append(list(state)), after.append(complete), reach.append(odds), drafted.append(n)
-    state, block = list(front.host), 0
+    """A Draft's states as verify.Guesses (docs/design.md, 6, draws some): the open block, its
+    state after each draft (every) or drafter step, a later block's after the block before's
+    complete copy, and after a complete last one with no stop id, if `ahead` allows, the next's."""
+    B, state, block, follows, odds = len(front.host), list(front.host), 0, -1, 1.0
+    rows = [(list(state), follows, odds, 0)]   # a copy: (state, after, reach, drafts it holds)
     for i, p in enumerate(d.pos):
-        if p // B > block:   # the next block, after the last copy: complete (steps stay in a block)
-            block, state = p // B, [mask_id] * B
-            add(state, len(states) - 1, reach[-1], i)
-        state[p % B] = d.tokens[i]
+        if p // B > block:   # a drafter step stays in one block, so the last copy is complete
+            assert mask_id not in rows[-1][0], f"draft {i} is past a block still masked"
+            block, state, follows = p // B, [mask_id] * B, len(rows) - 1
+            rows.append((list(state), follows, odds, i))
+        state[p % B], odds = d.tokens[i], d.reach[i] if d.reach else 1.0
         if every or i + 1 == len(d.pos) or d.tau[i + 1] != d.tau[i]:
-            add(state, after[-1], d.reach[i] if d.reach else 1.0, i + 1)
-    if mask_id not in states[-1] and block < ahead and not stops.intersection(states[-1]):
-        add([mask_id] * B, len(states) - 1, reach[-1], len(d.pos))
+            rows.append((list(state), follows, odds, i + 1))
+    if mask_id not in state and block < ahead and not stops.intersection(state):
+        rows.append(([mask_id] * B, len(rows) - 1, odds, len(d.pos)))
+    states, after, reach, drafted = map(list, zip(*rows))
     copies = to_device(states, front.block.device) if len(states) > 1 else front.block[None]
     return Guesses(copies, [s.count(mask_id) for s in states],
                    after if max(after) >= 0 else None, reach, drafted)
@@ -204,11 +200,11 @@ def undrafted(front, d, mask_id):
     return [i for i, t in enumerate(front.host) if t == mask_id and i not in d.pos]
 
 
-def temporal_round(sess, rule, s, generator, counts):
-    """The paper's round: s.propose(front, 0) -> a Draft of the open block; verify_temporal;
+def temporal_round(sess, rule, s, propose, generator, counts):
+    """The paper's round: propose(front, 0) -> a Draft of the open block; verify_temporal;
     accept_temporal (s.extra: verify.walk's, on the slots' logits)."""
     def one_round(front, tokens_left):
-        d = s.propose(front, 0)
+        d = propose(front, 0)
         logits = verify_temporal(sess, front, d, rule, s.rope_copy)
         block, k = accept_temporal(logits, front, d, rule, generator)
         slots = d.pos + undrafted(front, d, rule.mask_id)      # the slots by position:
@@ -222,14 +218,15 @@ def temporal_round(sess, rule, s, generator, counts):
     return one_round
 
 
-def copies_round(sess, rule, s, stops, generator, counts):
-    """The lossless round: s.propose(front, blocks ahead) -> a Draft, its states as copies
+def copies_round(sess, rule, s, propose, stops, generator, counts):
+    """The lossless round: propose(front, blocks ahead) -> a Draft, its states as copies
     (drafted_states), s.cut of them verified in ONE forward and walked (s.walk or s.accept)."""
+    # a copy a draft (one-token rules, acceptances), else a drafter step (docs/design.md, 3: why)
     every = bool(s.accept) or rule.strategy not in ("low_confidence_dynamic", "entropy_bounded")
 
     def guesses(front, tokens_left):
         blocks = min(s.lookahead, max(0, -(-tokens_left // rule.block_size)))   # left to decode
-        d = s.propose(front, blocks)
+        d = propose(front, blocks)
         return d, drafted_states(front, d, blocks, stops, rule.mask_id, every)
     if s.accept is not None:                   # (every drafted state verified: no cut)
         def one_round(front, tokens_left):
@@ -252,16 +249,17 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, settin
     longest = len(ids) + max_new_tokens           # + the scratch: a round's copies or window
     drafts = (1 + s.lookahead) * B if s.propose else min(s.gamma, (1 + s.lookahead) * B)
     sessions = [Session(target, B, longest + (drafts + s.lookahead + 5) * B, s.fuse_commit)]
-    if s.propose is None:
+    if (propose := s.propose) is None:                    # the drafter proposes
         if ((d := drafter.config).vocab_size, d.mask_token_id) != (c.vocab_size, c.mask_token_id):
             raise ValueError("drafter and target differ in vocabulary size or mask token id")
         sessions.append(Session(drafter, B, longest + (s.lookahead + 4) * B, s.fuse_commit))
         seed, rounds = (generator or torch).initial_seed() + 1, count()   # the drafter's own
         stream = torch.Generator(sessions[0].device)        # draws, seeded afresh each round
-        s.propose = lambda front, ahead: (s.draft or draft)(
+        propose = lambda front, ahead: (s.draft or draft)(   # noqa: E731
             sessions[1], front, rule, s, ahead, stops, stream.manual_seed(seed + next(rounds)))
-    one_round = temporal_round(sessions[0], rule, s, generator, counts) if s.verifier == \
-        "temporal" else copies_round(sessions[0], rule, s, stops, generator, counts)
+    one_round = temporal_round(sessions[0], rule, s, propose, generator, counts) if \
+        s.verifier == "temporal" else copies_round(sessions[0], rule, s, propose, stops,
+                                                   generator, counts)
     out, run = round_loop(one_round, sessions, ids, rule, max_new_tokens, stops, on_block)
     return out, dict(run, lookahead=s.lookahead, nfe_draft=sum(x.nfe for x in sessions[1:]),
                      rows_draft=dict(sessions[1].rows) if sessions[1:] else {})

@@ -3,14 +3,13 @@
 docs/design.md, section 4 (after the Spiffy paper). No drafter: the drafts are guesses of the
 block's future states, built from the target's own last distribution.
   - A draft node is a set of reveals (i, j): "the position ranked i by confidence gets its
-    j-th most likely token" (ranks). Node A is a parent of B if A's reveals are a subset of B's
-    (exactly one fewer under a one-token-a-step rule). The graph: the connected subgraph of the
-    D reveal sets most often seen following a state in plain decoding (calibrate, offline;
-    tools/calibrate.py writes the graphs next to the target's weights).
-  - A round: the graph's nodes on the current state, from the last forward's ranks; the D*
-    best kept (build_drafts); all verified in ONE forward of block copies and the rule walked
-    through them (verify.py): plain decoding's output, token for token. After a draft that
-    finishes the block comes the next block's first state.
+    j-th most likely token" (ranks). Node A is a parent of B if A's reveals are a strict subset
+    of B's (exactly one fewer under a one-token-a-step rule). The graph: the D reveal sets seen
+    most often 1 to 6 steps after a state in plain decoding, under a one-token rule only those
+    connected to the root (calibrate; tools/calibrate.py writes them next to the weights).
+  - A round: the graph's nodes on the current state, from the last forward's ranks, the D* best
+    (build_drafts), and after a draft that finishes the block the next block's first state, all
+    verified in ONE forward of block copies and walked (verify.py): plain decoding's tokens.
 
     python sample.py --spec spiffy
 """
@@ -19,7 +18,7 @@ from collections import Counter
 
 import torch
 from decode import DecodeRule, Session, check_prompt, packed_index, round_loop, stop_ids, to_device
-from verify import Guesses, lossless_round, no_extra, walk
+from verify import Guesses, lossless_round, walk
 
 DRAFT_BUDGET = 8   # D*: the most draft-graph nodes verified a forward
 
@@ -50,7 +49,7 @@ def reachable(node, chosen, stepwise):
 
 
 def connected_top(nodes, score, budget, stepwise):
-    """The `budget` best nodes by score that stay connected to the root."""
+    """The `budget` best nodes by score that are `reachable` (stepwise: connected to the root)."""
     chosen, todo = [], sorted(nodes, key=lambda n: (-score[n], len(n), n))
     while len(chosen) < budget:
         n = next((n for n in todo if n not in chosen and reachable(n, chosen, stepwise)), None)
@@ -75,8 +74,7 @@ def build_drafts(ranked, state, graph, budget, rule):
     # a token of probability 0 (cut by top-k / top-p) is never drawn: no copy for it
     drawable = lambda i, j: i < m and j < len(p[i]) and p[i][j] > 0    # noqa: E731
     nodes = [n for n in graph["nodes"] if all(drawable(i, j) for i, j in n)]
-    single = one_per_step(rule)
-    score = {}
+    single, score = one_per_step(rule), {}
     for n in sorted(nodes, key=len, reverse=True):             # children before parents
         logs = [math.log(max(p[i][j], 1e-30)) for i, j in n]
         logs += [math.log(score[c]) for c in nodes if set(n) < set(c)
@@ -93,7 +91,8 @@ def draft_copies(ranked, state, block, graph, budget, rule, cross, stops):
     draft that finishes the block, the next block's first state (two copies of the budget for
     that draft), when `cross` (a block after this one is wanted) and the draft holds none of
     the `stops` ids (decoding would end there). -> verify.Guesses."""
-    drafts, odds = build_drafts(ranked, state, graph, budget, rule) if graph else ([], [])
+    drafts, odds = build_drafts(ranked, state, graph, budget, rule) if graph and ranked else \
+        ([], [])   # (no ranks for a new block's first state: no forward has seen it)
     host, after, reach = [state], [-1], [1.0]
     for d, p in zip(drafts, odds):
         crosses = cross and rule.mask_id not in d and not stops.intersection(d)
@@ -125,13 +124,12 @@ def spiffy_generate(model, prompt, max_new_tokens=64, rule=None, graph=None,
     k = 1 + max((j for n in graph["nodes"] for _, j in n), default=0) if graph else 0  # ranks'
 
     def propose(front, left):   # the graph's drafts, from the ranks the last forward gave
-        if not front.ranks:         # (none for a new block's first state: no forward saw it)
-            return Guesses(front.block[None], [front.n_masked])
         g = draft_copies(front.ranks, front.host, front.block, graph, draft_budget, rule,
                          left > 0, stops)
         return cut(g) if cut else g
 
-    extra = (lambda lg, cp, st: ranks(lg, st, rule, k, cp)) if graph else no_extra
+    def extra(logits, stepped_from, new):   # the walk's: each new state, ranked by its step's
+        return ranks(logits, new, rule, k, packed_at=stepped_from) if graph else ()   # logits
     one_round = lossless_round(sess, rule, propose, generator, extra, walk, counts)
     out, run = round_loop(one_round, [sess], ids, rule, max_new_tokens, stops, on_block)
     return out, dict(run, tokens_per_s=len(out) / run["seconds"], lookahead=1)
@@ -160,9 +158,9 @@ def trajectories(model, prompt, max_new_tokens, rule, record):
 
 
 def calibrate(model, prompts, rule, max_new_tokens=64, budget=16, max_depth=6):
-    """Count the reveal sets that followed each state in plain decoding, relative to the
-    distribution the drafts would have been built from (the previous state's), and keep
-    the connected subgraph of the `budget` most frequent."""
+    """Count the reveal sets that turned each state into each of the next 1 to `max_depth` in
+    plain decoding, relative to the distribution the drafts would have been built from (the
+    previous state's), and keep the `budget` most frequent (connected_top)."""
     counts = Counter()
 
     def record(states, logits):

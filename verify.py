@@ -17,7 +17,7 @@ from decode import Advance, Frontier, packed_rows, to_device, to_host
 
 @dataclass
 class Guesses:
-    """A round's copies, as verify_copies and walk take them."""
+    """A round's copies, as verify_copies and walk take them (docs/design.md, 6, draws some)."""
     copies: torch.Tensor   # (n, B) block states; copies[0] is the open block itself
     n_masked: list         # each copy's number of masked positions (host ints)
     after: list = None     # None: all of the open block; else -1, or the complete copy it follows
@@ -63,34 +63,37 @@ class Walk:
     visited: list     # the copies it reached, in order
 
 
-no_extra = lambda logits, copies, states: ()   # noqa: E731  walk's default: nothing more
+no_extra = lambda logits, stepped_from, new: ()   # noqa: E731  walk's default: nothing more
+
+
+def next_copies(g):
+    """Where the walk goes on once a new state is copy c of Guesses g: from c if it has a mask
+    left, else from the next block's first copy after c (all masks), else nowhere (None)."""
+    n, B = g.copies.shape
+    return [c if g.n_masked[c] else next((k for k in range(n) if g.after and g.after[k] == c
+                                          and g.n_masked[k] == B), None) for c in range(n)]
 
 
 def walk(logits, g, step, rule, generator=None, extra=no_extra):
-    """Plain decoding through the verified copies of g, from copies[0] at step index `step`:
-    a new state with a mask left goes on from its copy, a complete one from the next block's
-    first copy. extra(packed logits of (m, B) copies, their (m, B) new states) -> m-row tensors
-    brought back (Walk.ranks: the last state's). A host sync a step (fast.walk: one a round)."""
+    """Plain decoding through the verified copies of g, from copies[0] at step index `step`,
+    on while the new state is a copy of its block to go on from (next_copies). extra(packed
+    logits, the (m, B) states stepped from, the (m, B) new states) -> m-row tensors brought
+    back (Walk.ranks: the last state's). A host sync a step (fast.walk: one a round)."""
     each, n = logits.split(g.n_masked), len(g.n_masked)
-    after = g.after or [-1] * n
-    # a complete copy -> its next block's first copy (reversed: the lowest index wins)
-    first = {after[c]: c for c in reversed(range(n))
-             if after[c] >= 0 and g.n_masked[c] == len(g.copies[c])}
+    after, then = g.after or [-1] * n, next_copies(g)
     path, crossed, visited, i = [], [], [], 0
     while True:
         new = rule(each[i], g.copies[i], step, generator)
         path.append((each[i], new))
         host, copies, *ranks = to_host(new, g.copies, *extra(each[i], g.copies[i][None], new[None]))
-        same = [c for c in range(n) if copies[c] == host and after[c] == after[i]
-                and (g.n_masked[c] or c in first)]        # a copy to go on from
-        if not same:                                     # none: the round ends
+        j = next((c for c in range(n) if copies[c] == host and after[c] == after[i]
+                  and then[c] is not None), None)
+        if j is None:                                    # none: the round ends
             return Walk(path, host, [h[0] for h in ranks], crossed, copies, visited)
-        visited.append(same[0])
-        if g.n_masked[same[0]]:
-            i, step = same[0], step + 1
-        else:                                            # block finished: on into the next
-            crossed.append((len(path), same[0]))
-            i, step = first[same[0]], 0
+        visited.append(j)
+        if not g.n_masked[j]:                            # block finished: on into the next
+            crossed.append((len(path), j))
+        i, step = then[j], step + 1 if g.n_masked[j] else 0
 
 
 def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=walk, counts=None):
@@ -104,7 +107,6 @@ def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=wal
             counts.lossless(g, w)
         done = [(g.copies[j], w.copies[j], j) for _, j in w.crossed]
         step = len(w.path) - w.crossed[-1][0] if w.crossed else front.step + len(w.path)
-        pos = front.pos + rule.block_size * len(w.crossed)
-        n_masked = w.host.count(rule.mask_id)
+        pos, n_masked = front.pos + rule.block_size * len(w.crossed), w.host.count(rule.mask_id)
         return Advance(done, Frontier(w.path[-1][1], pos, n_masked, w.host, step, tuple(w.ranks)))
     return one_round

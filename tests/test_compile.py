@@ -63,7 +63,7 @@ def test_compiled_decoding_does_not_recompile_after_warm_up(method, static):
     compiled += [run(ct, cd, prompt(n)) for n in lengths[2:]]
     logging.getLogger("torch._dynamo").removeHandler(hits)
     assert not hits.hits
-    if static:    # 5 buckets a model, whatever the mask kinds (mask.padded tables them)
+    if static:    # 5 buckets a model, whatever the mask kinds (fast.padded tables them)
         assert counters["stats"]["unique_graphs"] <= 5 * (1 + method.startswith("simsd"))
     else:
         assert counters["stats"]["unique_graphs"] == graphs

@@ -1,8 +1,9 @@
-"""Spiffy's draft graphs as files, the offline step before spiffy.py decodes (docs/design.md,
-section 4): spiffy.calibrate on a set of prompts (plain decoding's trajectories, the reveal
-sets that followed each state, the connected subgraph of the D most frequent), written as a
-small JSON file next to the target's weights, one per block size and decoding rule, that
-load_graph reads (bench.py calibrates a missing one in memory: graphs_for).
+"""Spiffy's draft graphs as files, the offline step before Spiffy decodes (sample.py --spec
+spiffy, bench.py; docs/design.md, section 4): `spiffy.calibrate` on a set of prompts (plain
+decoding's trajectories, the reveal sets seen 1 to 6 steps after each state, the D most
+frequent, kept connected to the root under a one-token rule), written as a small JSON file next
+to the target's weights, one per block size and decoding rule, that `measure.graphs.load_graph`
+reads (bench.py calibrates a missing one in memory: `measure.graphs.graphs_for`).
 
     python tools/calibrate.py               # models/target/spiffy_graph_b{4,8,32}_{static,t0.9}.json
     python tools/calibrate.py --strategy sequential --block-size 8   # another SDAR strategy

@@ -90,7 +90,7 @@ def save_png(path, B=4):
 
 if __name__ == "__main__":
     from loading import util
-    ap = util.ArgumentParser(description="Draw every attention rule of the project (B = 4, one "
+    ap = util.ArgumentParser(description="Draw every attention rule of mask.py (B = 4, one "
                              "block of cache) as a character grid; --png also saves a picture.")
     ap.add_argument("--png", default=None, help="also write the pictures to this PNG (needs matplotlib)")
     a = ap.parse_args()

@@ -252,7 +252,8 @@ def unresolved(sources, docs):
 def cited_texts():
     """Every text file of the project that may cite a section: docs, code, scripts."""
     return {str(p.relative_to(ROOT)): p.read_text() for ext in ("md", "py", "sh")
-            for p in ROOT.rglob(f"*.{ext}") if ".git" not in p.parts}
+            for p in ROOT.rglob(f"*.{ext}")
+            if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)}
 
 
 def results_docs():

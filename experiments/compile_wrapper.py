@@ -1,8 +1,8 @@
-"""Inductor's C++ wrapper against its Python one, on a CPU (docs/results.md, "Fewer ops around
-the drafter, and the compiled forward's wrapper"): the same model compiled twice for dynamic
-shapes, once with options={"cpp_wrapper": True} (what --compile does on a CPU), and eager,
-taken in turns forward by forward (4 or 8 query rows after 120 cached, the logits of 1-4 of
-them read, as decoding asks); the median of 200 forwards each. The wrapper is the Python code
+"""Inductor's C++ wrapper against its Python one, on a CPU (docs/results.md, "The compiled
+forward's wrapper"): the same model compiled twice for dynamic shapes, once with
+options={"cpp_wrapper": True} (what --compile does on a CPU), and eager, taken in turns
+forward by forward (4 or 8 query rows after 120 cached, the logits of 1-4 of them read, as
+decoding asks); the median of 200 forwards each. The wrapper is the Python code
 inductor generates to call its kernels; in C++ it skips an interpreter per call. Tokens are
 the same: the kernels are. It prints a line per model and query rows: ms a forward each way.
 

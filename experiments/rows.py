@@ -1,4 +1,5 @@
-"""What a matrix product costs against its number of rows on this CPU (docs/results.md):
+"""What a matrix product costs against its number of rows on this CPU (docs/history.md,
+"Logits only where they are read"):
   - a linear layer of the embedded target's MLP shape (256 -> 768) at 4, 40 and 160 rows:
     where a forward stops being memory-bound here;
   - the LM head at the real Qwen3 vocabulary (151,936 x 256), as x @ W.T and as (W @ x.T).T,

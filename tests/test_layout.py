@@ -171,11 +171,12 @@ def test_the_core_imports_no_speed_device_and_no_variant():
 
 
 def prose():
-    """(where, text): the README, docs/design.md and the shell scripts whole, and every
+    """(where, text): the README, docs/design.md, docs/results.md and the shell scripts whole
+    (not docs/history.md: it names the files of its day), and every
     docstring, comment and string of the project's Python files (help texts included)."""
     out = [(str(p.relative_to(ROOT)), p.read_text())
-           for p in (ROOT / "README.md", ROOT / "docs" / "design.md", ROOT / "gpu_check.sh",
-                     ROOT / "tools" / "train.sh")]
+           for p in (ROOT / "README.md", ROOT / "docs" / "design.md", ROOT / "docs" / "results.md",
+                     ROOT / "gpu_check.sh", ROOT / "tools" / "train.sh")]
     for p in [*ROOT.glob("*.py"), *(p for d in (*PACKAGES, "experiments", "tests", "tests/fixtures")
                                     for p in ROOT.glob(f"{d}/*.py"))]:
         text = p.read_text()
@@ -200,7 +201,8 @@ def test_every_file_and_name_the_docs_point_to_exists():
     defined = {m: {n.name for n in ast.walk(ast.parse(MODULES[m].read_text()))
                    if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
                | {t.id for n in ast.parse(MODULES[m].read_text()).body if isinstance(n, ast.Assign)
-                  for t in n.targets if isinstance(t, ast.Name)} for m in MODULES}
+                  for ts in n.targets for t in getattr(ts, "elts", [ts]) if isinstance(t, ast.Name)}
+               for m in MODULES}
     missing = []
     for where, text in prose():
         for f in re.findall(r"(?<![\w/.-])((?:[\w-]+/)*[A-Za-z_]\w*\.py)\b", text):
@@ -216,3 +218,109 @@ def test_every_file_and_name_the_docs_point_to_exists():
             elif m in PACKAGES and f"{m}.{name}" not in MODULES:
                 missing.append(f"{where}: {m}.{name}")
     assert not missing, "pointers to nothing: " + "; ".join(sorted(set(missing)))
+
+
+def headings(text):
+    """The ## and ### titles of a markdown text, outside its code blocks."""
+    titles, fenced = set(), False
+    for line in text.splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and (m := re.match(r"#{2,3} (.+)", line)):
+            titles.add(m.group(1).strip())
+    return titles
+
+
+def citations(text):
+    """(file, title) for each citation of a section in a text: results.md or history.md, an
+    optional comma, the title in double quotes; a title broken across lines (or comment lines)
+    joined."""
+    text = re.sub(r"\s*\n\s*(?:#+\s*)?", " ", text)
+    return re.findall(r"\b(results|history)\.md(?:,\s*|\s+)\"([^\"]+)\"", text)
+
+
+def unresolved(sources, docs):
+    """Each citation in sources ({where: text}) whose title is no heading of the file it names
+    ({"results": text, "history": text}): the heading itself, or its start cut at a comma, a
+    colon or a parenthesis ("SimSD: what loses answers" names "SimSD: what loses answers, and
+    what keeps them")."""
+    titles = {name: headings(text) for name, text in docs.items()}
+    return sorted({f"{where}: {name}.md, \"{title}\"" for where, text in sources.items()
+                   for name, title in citations(text)
+                   if not any(h == title or re.match(re.escape(title) + r"(,|:| \()", h)
+                              for h in titles[name])})
+
+
+def cited_texts():
+    """Every text file of the project that may cite a section: docs, code, scripts."""
+    return {str(p.relative_to(ROOT)): p.read_text() for ext in ("md", "py", "sh")
+            for p in ROOT.rglob(f"*.{ext}")
+            if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)}
+
+
+def results_docs():
+    return {name: (ROOT / "docs" / f"{name}.md").read_text() for name in ("results", "history")}
+
+
+def test_every_section_the_docs_and_code_cite_exists():
+    """A citation by title (docs/results.md, then the title in double quotes) names a heading
+    of that file, in the README, the docs, the code and the scripts alike."""
+    assert unresolved(cited_texts(), results_docs()) == []
+
+
+def test_a_citation_of_no_section_is_found():
+    """The check can fail: a title no heading has, and one cut inside a word."""
+    cite, hist = 'docs/results.md, ' + '"', "docs/history" + '.md "'
+    docs = {"results": "# R\n## Compiled decoding\n### SimSD: what loses answers, and more\n",
+            "history": "## Old\n"}
+    text = {"a.sh": cite + 'Compiled decoding"', "b.sh": "# " + cite + "SimSD: what\n# loses answers\"",
+            "c.sh": cite + 'Compiled deco"', "d.md": cite + 'No such section"',
+            "e.md": hist + '"Old"'}
+    found = unresolved(text, docs)
+    assert [f.split(":")[0] for f in found] == ["c.sh", "d.md"] and "No such section" in found[1]
+
+
+README_TABLE = "Decoding methods side by side"   # the section of docs/results.md that holds it
+
+
+def section(text, title):
+    """The text under a ## heading, to the next ##."""
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    return m.group(1) if m else ""
+
+
+def numbers(text):
+    """The numbers in a text: 5.98, 92.5 (of 92.5%), 1,109."""
+    return re.findall(r"(?<![\w.,])\d+(?:,\d{3})*(?:\.\d+)?", text)
+
+
+def readme_table_rows(readme):
+    """[(row, its numbers)] of the markdown table under the README's "## Results"."""
+    rows = [line for line in section(readme, "Results").splitlines() if line.startswith("|")]
+    return [(row.split("|")[1].strip(), numbers(row)) for row in rows[2:]]
+
+
+def unquoted(readme, results):
+    """Each README table row whose numbers do not all stand on one line of results.md's section
+    that holds the table: [(row, the numbers missing)]."""
+    lines = [set(numbers(line)) for line in section(results, README_TABLE).splitlines()]
+    out = []
+    for row, nums in readme_table_rows(readme):
+        best = min(lines, key=lambda have: len(set(nums) - have), default=set())
+        if set(nums) - best:
+            out.append((row, sorted(set(nums) - best)))
+    return out
+
+
+def test_the_readme_table_is_in_results():
+    """Each number the README's results table quotes (tokens a forward, tokens/s, accuracy...)
+    stands in docs/results.md, on the line of the same row, in the section that holds it."""
+    readme, results = (ROOT / "README.md").read_text(), (ROOT / "docs" / "results.md").read_text()
+    assert len(readme_table_rows(readme)) >= 5
+    assert unquoted(readme, results) == []
+
+
+def test_a_readme_figure_missing_from_results_is_found():
+    readme, results = (ROOT / "README.md").read_text(), (ROOT / "docs" / "results.md").read_text()
+    changed = readme.replace("5.98 / 5.17 / 6.28", "5.99 / 5.17 / 6.28", 1)
+    assert changed != readme
+    assert [row for row, missing in unquoted(changed, results) if missing == ["5.99"]]

@@ -1,5 +1,5 @@
 """Distil a SimSD drafter for a given target from a JSONL of prompts (docs/results.md, "The
-drafter distilled from the target's own answers").
+drafter distilled on the target's own answers").
 
 SimSD keeps a drafted token where the target's own rule puts that token there, so a drafter
 pays by predicting the target, not the data. Two parts, both on the target's own behaviour:

@@ -49,11 +49,10 @@ step drafter-5 --preset drafter --finetune --distill models/target --iters 1200 
 # then (1 - W) * cross-entropy to them + W * KL(target || drafter), W = 0.5, on the states the
 # target decodes through (--teacher-order: a block's masked positions the ones it is least sure
 # of), 1500 iterations; about 15 min (2 min 30 s of answers). Then 3000 more iterations from it
-# at a lower rate (docs/results.md, "Longer on the target's decoding states"); about 26 min;
-# then 4000 more at a lower rate still ("Longer still"); about 36 min; then 4000 more on the
-# answers to 12000 questions (5 min of answers, 32 min), twice 4000 more on those (31 and 35
-# min), and 4000 more on the answers to 24000 ("On more of its answers"; 10 min of answers, 31
-# min). The last one replaces models/drafter. Each step starts from the weights and the answers
+# at a lower rate; about 26 min; then 4000 more at a lower rate still; about 36 min; then 4000
+# more on the answers to 12000 questions (5 min of answers, 32 min), twice 4000 more on those
+# (31 and 35 min), and 4000 more on the answers to 24000 (10 min of answers, 31 min): each
+# step's counts in docs/results.md, "The drafter distilled on the target's own answers". The last one replaces models/drafter. Each step starts from the weights and the answers
 # of the step before: the target's answers to the same questions are the same, so a step
 # decodes only the questions the one before had not.
 distil() {  # name, the step it goes on from (or -), then tools/distill.py's flags

@@ -1,8 +1,8 @@
 """A block-diffusion transformer (SDAR / Qwen3 architecture) in one file; decoding is in decode.py.
 
-A Qwen3 decoder (GQA attention, RMSNorm on q and k before rotate-half RoPE, SwiGLU, tied or
-untied head), which SDAR makes a block-diffusion LM with nothing but the attention mask
-(mask.py) and a mask token; the logits at position i predict token i. Attention runs on
+A Qwen3 decoder (GQA attention, RMSNorm on q and k before rotate-half RoPE, SwiGLU or Qwen3-MoE's
+experts, tied or untied head), made a block-diffusion LM by SDAR with nothing but the attention
+mask (mask.py) and a mask token; the logits at position i predict token i. Attention runs on
 FlexAttention (a BlockMask) or SDPA (a dense mask), both from one mask_mod; positions are an
 input, since SimSD copies them. The static KV cache (as in gpt-fast): a forward writes its
 keys at [start, start + T) and attends to [0, start + T); scratch rows (drafts, copies) above
@@ -36,6 +36,12 @@ class ModelConfig:   # plain data: checkpoint.check_config refuses one that cann
     eos_token_id: int = 2
     stop_ids: tuple = ()         # every id that ends decoding (a chat model's end of turn too)
     max_seq_len: int = 4096      # longest prompt + generation accepted
+    n_experts: int = 0           # a mixture of experts (SDAR-30B-A3B) if > 0 (Block: which layers)
+    top_k: int = 8               # experts a row is routed to
+    moe_intermediate_size: int = 768
+    norm_topk_prob: bool = False  # renormalise the top-k probabilities to sum to 1
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple = ()
 
 
 class RMSNorm(nn.Module):
@@ -123,11 +129,55 @@ class MLP(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
-class Block(nn.Module):
+class SparseMLP(nn.Module):
+    """Qwen3-MoE's: a router sends each row to top_k experts (SwiGLUs) and sums their outputs,
+    weighted by its probabilities (fp32, as HF). Eager, a row's bits ignore the other rows'."""
     def __init__(self, c):
         super().__init__()
+        self.top_k, self.norm_topk_prob = c.top_k, c.norm_topk_prob
+        E, D, inner = c.n_experts, c.n_embd, c.moe_intermediate_size
+        self.router = nn.Linear(D, E, bias=False)
+        self.gate, self.up = (nn.Parameter(0.02 * torch.randn(E, inner, D)) for _ in "gu")
+        self.down = nn.Parameter(0.02 * torch.randn(E, D, inner))
+
+    def forward(self, x):
+        probs = F.softmax(self.router(x), dim=-1, dtype=torch.float32).flatten(0, 1)  # (N, E)
+        weights, experts = probs.topk(self.top_k, dim=-1)                         # (N, k)
+        weights = weights / weights.sum(-1, keepdim=True) if self.norm_topk_prob else weights
+        experts, order = experts.sort(-1)   # summed in ascending expert order, as HF's loop
+        weights = weights.gather(-1, order).to(x.dtype)
+        form = self.by_row if torch.compiler.is_compiling() else self.by_expert  # static shapes
+        return form(x.flatten(0, 1), experts, weights).view_as(x)
+
+    def by_row(self, x, experts, weights):   # gpt-fast's: gathers (N k, inner, D), few rows
+        e = experts.flatten()
+        y = swiglu(x.repeat_interleave(self.top_k, 0), self.gate[e], self.up[e], self.down[e])
+        y = y.view(*experts.shape, -1) * weights[..., None]                      # (N, k, D)
+        return sum(y.unbind(1))   # a slot after another, ascending: by_expert's additions
+
+    def by_expert(self, x, experts, weights):   # a loop over the experts hit (a host sync)
+        out = torch.zeros_like(x)
+        for e in experts.unique().tolist():
+            rows, slot = torch.where(experts == e)
+            w = (p[e].expand(len(rows), -1, -1) for p in (self.gate, self.up, self.down))
+            out.index_add_(0, rows, swiglu(x[rows], *w) * weights[rows, slot, None])
+        return out
+
+
+def swiglu(x, gate, up, down):
+    """x: (n, D); gate, up (n, inner, D), down (n, D, inner): each row's own. A product a row,
+    since on a CPU F.linear's bits change with the row count."""
+    h = F.silu(x[:, None] @ gate.mT) * (x[:, None] @ up.mT)            # (n, 1, inner)
+    return (h @ down.mT)[:, 0]                                          # (n, D)
+
+
+class Block(nn.Module):
+    def __init__(self, c, layer):
+        super().__init__()
         self.attn_norm, self.attn = RMSNorm(c.n_embd, c.norm_eps), Attention(c)
-        self.mlp_norm, self.mlp = RMSNorm(c.n_embd, c.norm_eps), MLP(c)
+        sparse = c.n_experts and (layer + 1) % c.decoder_sparse_step == 0 \
+            and layer not in c.mlp_only_layers
+        self.mlp_norm, self.mlp = RMSNorm(c.n_embd, c.norm_eps), (SparseMLP if sparse else MLP)(c)
 
     def forward(self, x, cos, sin, mask, start):
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, start)
@@ -139,7 +189,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = c = config
         self.embed = nn.Embedding(c.vocab_size, c.n_embd)
-        self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layer))
+        self.layers = nn.ModuleList(Block(c, i) for i in range(c.n_layer))
         self.norm = RMSNorm(c.n_embd, c.norm_eps)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         if c.tie_embeddings:

@@ -47,7 +47,7 @@ PRESETS = {
                  intermediate_size=128, mask_token_id=3, eos_token_id=2, max_seq_len=1024),
     "tiny-moe": dict(vocab_size=97, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16,
                      intermediate_size=128, mask_token_id=3, eos_token_id=2, max_seq_len=1024,
-                     n_experts=8, top_k=2, moe_intermediate_size=32, norm_topk_prob=True),
+                     n_experts=8, top_k=2, moe_intermediate_size=64, norm_topk_prob=True),
     # SDAR's vocabulary on a tiny trunk: the head is most of a forward (measure/sol.py)
     "qwen-vocab-2l": dict(SDAR, n_layer=2, n_embd=256, n_head=4, n_kv_head=2, head_dim=64,
                           intermediate_size=768, tie_embeddings=True),

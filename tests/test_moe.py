@@ -251,3 +251,4 @@ def test_every_decoder_is_lossless_on_a_tiny_moe():
 
 
 MASK_ID_TINY = checkpoint.PRESETS["tiny-moe"]["mask_token_id"]
+

@@ -130,8 +130,7 @@ class MLP(nn.Module):
 
 
 class SparseMLP(nn.Module):
-    """Qwen3-MoE's: a router sends each row to top_k experts (SwiGLUs) and sums their outputs,
-    weighted by its probabilities (fp32, as HF). Eager, a row's bits ignore the other rows'."""
+    """Qwen3-MoE's: a router picks top_k experts (SwiGLUs) a row; their outputs, weighted, sum."""
     def __init__(self, c):
         super().__init__()
         self.top_k, self.norm_topk_prob = c.top_k, c.norm_topk_prob
@@ -144,39 +143,30 @@ class SparseMLP(nn.Module):
         probs = F.softmax(self.router(x), dim=-1, dtype=torch.float32).flatten(0, 1)  # (N, E)
         weights, experts = probs.topk(self.top_k, dim=-1)                         # (N, k)
         weights = weights / weights.sum(-1, keepdim=True) if self.norm_topk_prob else weights
-        experts, order = experts.sort(-1)   # summed in ascending expert order, as HF's loop
-        weights = weights.gather(-1, order).to(x.dtype)
-        form = self.by_row if torch.compiler.is_compiling() else self.by_expert  # static shapes
-        return form(x.flatten(0, 1), experts, weights).view_as(x)
+        experts, weights = experts.sort(-1).values, weights.gather(-1, experts.argsort(-1))
+        form = self.by_row if torch.compiler.is_compiling() else self.by_expert  # static shapes:
+        return form(x.flatten(0, 1), experts, weights.to(x.dtype)).view_as(x)   # few rows only
 
-    def by_row(self, x, experts, weights):   # gpt-fast's: gathers (N k, inner, D), few rows
-        e = experts.flatten()
-        y = swiglu(x.repeat_interleave(self.top_k, 0), self.gate[e], self.up[e], self.down[e])
-        y = y.view(*experts.shape, -1) * weights[..., None]                      # (N, k, D)
-        return sum(y.unbind(1))   # a slot after another, ascending: by_expert's additions
+    def by_row(self, x, experts, weights):
+        """gpt-fast's form, each row's k experts gathered (N k, inner, D): a product a row, whose
+        bits ignore the other rows, as copies need (F.linear's change with the row count)."""
+        e, x = experts.flatten(), x.repeat_interleave(experts.shape[1], 0)[:, None]  # (N k, 1, D)
+        h = F.silu(x @ self.gate[e].mT) * (x @ self.up[e].mT)                     # (N k, 1, inner)
+        y = (h @ self.down[e].mT).view(*experts.shape, -1) * weights[..., None]    # (N, k, D)
+        return sum(y.unbind(1))   # by slot, so by ascending expert: HF's order, and by_expert's
 
-    def by_expert(self, x, experts, weights):   # a loop over the experts hit (a host sync)
+    def by_expert(self, x, experts, w):   # by_row, an expert hit at a time (a host sync)
         out = torch.zeros_like(x)
-        for e in experts.unique().tolist():
-            rows, slot = torch.where(experts == e)
-            w = (p[e].expand(len(rows), -1, -1) for p in (self.gate, self.up, self.down))
-            out.index_add_(0, rows, swiglu(x[rows], *w) * weights[rows, slot, None])
+        for rows, j in (torch.where(experts == e) for e in experts.unique().tolist()):
+            out.index_add_(0, rows, self.by_row(x[rows], experts[rows, j, None], w[rows, j, None]))
         return out
 
 
-def swiglu(x, gate, up, down):
-    """x: (n, D); gate, up (n, inner, D), down (n, D, inner): each row's own. A product a row,
-    since on a CPU F.linear's bits change with the row count."""
-    h = F.silu(x[:, None] @ gate.mT) * (x[:, None] @ up.mT)            # (n, 1, inner)
-    return (h @ down.mT)[:, 0]                                          # (n, D)
-
-
 class Block(nn.Module):
-    def __init__(self, c, layer):
+    def __init__(self, c, i):   # the i-th layer
         super().__init__()
         self.attn_norm, self.attn = RMSNorm(c.n_embd, c.norm_eps), Attention(c)
-        sparse = c.n_experts and (layer + 1) % c.decoder_sparse_step == 0 \
-            and layer not in c.mlp_only_layers
+        sparse = c.n_experts and (i + 1) % c.decoder_sparse_step == 0 and i not in c.mlp_only_layers
         self.mlp_norm, self.mlp = RMSNorm(c.n_embd, c.norm_eps), (SparseMLP if sparse else MLP)(c)
 
     def forward(self, x, cos, sin, mask, start):

@@ -1,7 +1,8 @@
 """Speed of light: how close one decode forward, and the whole decode loop, come to the floor.
 
 A decode forward of a block-diffusion LM reads every weight once for B queries, so its floor
-is weight bytes / memory bandwidth (the KV cache of a 1k-token context adds little). Here a
+is weight bytes / memory bandwidth (a mixture of experts': the bytes outside the experts and of
+the experts its rows route to, forward_bytes) (the KV cache of a 1k-token context adds little). Here a
 checkpoint-shaped model with random weights (a checkpoint.PRESETS name, or a checkpoint directory's
 config.json) runs
   - one forward of B = 4 / 8 / 32 queries against a cache of `cache_len` rows (and B = 4
@@ -101,6 +102,17 @@ def forward_bytes(preset, rows, copies=True, dtype_bytes=2):
         return dtype_bytes * preset_params(preset)[0]
     outside, expert, sparse = preset_experts(preset)
     return dtype_bytes * (outside + sparse * expert * experts_hit(rows, c.n_experts, c.top_k, copies))
+
+
+def model_bytes(model, rows):
+    """forward_bytes of a built model, in its dtype: its weight bytes less the experts that
+    `rows` rows do not route to (experts_hit)."""
+    c, params = model.config, list(model.parameters())
+    total = sum(p.numel() * p.element_size() for p in params)
+    sparse = [b.mlp for b in model.layers if isinstance(b.mlp, SparseMLP)]
+    unread = c.n_experts - experts_hit(rows, c.n_experts, c.top_k) if sparse else 0
+    return total - unread * sum(p[0].numel() * p.element_size()
+                                for m in sparse for p in (m.gate, m.up, m.down))
 
 
 def forward_flops(preset, rows):
@@ -268,9 +280,10 @@ def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache
         step = lambda: sess.forward(idx, pos, keep=B)
         time_it(step, 3)                                        # warm-up (and compile)
         t = time_it(step, iters)
+        floor_bytes = model_bytes(model, B)   # an MoE's: the experts B rows route to
         rows.append(dict(block_size=B, cache_len=cache, cache_rows=model.layers[0].attn.cache.k.shape[2],
                          forward_ms=1e3 * t,
-                         floor_ms=1e3 * weight_bytes / bw, x_floor=t * bw / weight_bytes))
+                         floor_ms=1e3 * floor_bytes / bw, x_floor=t * bw / floor_bytes))
     for B in block_sizes[:1] if quick else block_sizes:
         time_forward(B, cache_len)
     result = dict(model=spec, device=str(device), dtype=str(dtype).removeprefix("torch."),

@@ -252,3 +252,19 @@ def test_every_decoder_is_lossless_on_a_tiny_moe():
 
 MASK_ID_TINY = checkpoint.PRESETS["tiny-moe"]["mask_token_id"]
 
+
+
+def test_an_moe_forward_reads_the_experts_its_rows_route_to():
+    """measure/sol.py on the meta device: SDAR-30B-A3B's forward reads its weights outside the
+    experts and 8 experts a layer for one row, more with more rows, all of them (61 GB) for
+    many random rows; the dense 8B reads all of its weights whatever the rows."""
+    from measure import sol
+    outside, expert, sparse = sol.preset_experts("sdar-30b-a3b")
+    assert sparse == 48 and expert == 3 * 768 * 2048
+    assert sol.forward_bytes("sdar-30b-a3b", 1) == 2 * (outside + 48 * 8 * expert)
+    by_rows = [sol.forward_bytes("sdar-30b-a3b", r) for r in (1, 4, 16, 64, 256)]
+    assert by_rows == sorted(by_rows) and by_rows[0] < by_rows[-1]
+    total = 2 * sol.preset_params("sdar-30b-a3b")[0]
+    assert 60e9 < total < 62e9
+    assert sol.forward_bytes("sdar-30b-a3b", 256, copies=False) == pytest.approx(total, rel=1e-3)
+    assert sol.forward_bytes("sdar-8b", 1) == sol.forward_bytes("sdar-8b", 256)

@@ -1,8 +1,8 @@
 """A block-diffusion transformer (SDAR / Qwen3 architecture) in one file; decoding is in decode.py.
 
-A Qwen3 decoder (GQA attention, RMSNorm on q and k before rotate-half RoPE, SwiGLU, tied or
-untied head), which SDAR makes a block-diffusion LM with nothing but the attention mask
-(mask.py) and a mask token; the logits at position i predict token i. Attention runs on
+A Qwen3 decoder (GQA attention, RMSNorm on q and k before rotate-half RoPE, SwiGLU or Qwen3-MoE's
+experts, tied or untied head), made a block-diffusion LM by SDAR with nothing but the attention
+mask (mask.py) and a mask token; the logits at position i predict token i. Attention runs on
 FlexAttention (a BlockMask) or SDPA (a dense mask), both from one mask_mod; positions are an
 input, since SimSD copies them. The static KV cache (as in gpt-fast): a forward writes its
 keys at [start, start + T) and attends to [0, start + T); scratch rows (drafts, copies) above
@@ -36,6 +36,12 @@ class ModelConfig:   # plain data: checkpoint.check_config refuses one that cann
     eos_token_id: int = 2
     stop_ids: tuple = ()         # every id that ends decoding (a chat model's end of turn too)
     max_seq_len: int = 4096      # longest prompt + generation accepted
+    n_experts: int = 0           # a mixture of experts (SDAR-30B-A3B) if > 0 (Block: which layers)
+    top_k: int = 8               # experts a row is routed to
+    moe_intermediate_size: int = 768
+    norm_topk_prob: bool = False  # renormalise the top-k probabilities to sum to 1
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple = ()
 
 
 class RMSNorm(nn.Module):
@@ -123,11 +129,45 @@ class MLP(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
-class Block(nn.Module):
+class SparseMLP(nn.Module):
+    """Qwen3-MoE's: a router picks top_k experts (SwiGLUs) a row; their outputs, weighted, sum."""
     def __init__(self, c):
         super().__init__()
+        self.top_k, self.norm_topk_prob = c.top_k, c.norm_topk_prob
+        E, D, inner = c.n_experts, c.n_embd, c.moe_intermediate_size
+        self.router = nn.Linear(D, E, bias=False)
+        self.gate, self.up = (nn.Parameter(0.02 * torch.randn(E, inner, D)) for _ in "gu")
+        self.down = nn.Parameter(0.02 * torch.randn(E, D, inner))
+
+    def forward(self, x):
+        probs = F.softmax(self.router(x), dim=-1, dtype=torch.float32).flatten(0, 1)  # (N, E)
+        weights, experts = probs.topk(self.top_k, dim=-1)                         # (N, k)
+        weights = weights / weights.sum(-1, keepdim=True) if self.norm_topk_prob else weights
+        experts, weights = experts.sort(-1).values, weights.gather(-1, experts.argsort(-1))
+        form = self.by_row if torch.compiler.is_compiling() else self.by_expert  # static shapes:
+        return form(x.flatten(0, 1), experts, weights.to(x.dtype)).view_as(x)   # few rows only
+
+    def by_row(self, x, experts, weights):
+        """gpt-fast's form, each row's k experts gathered (N k, inner, D): a product a row, whose
+        bits ignore the other rows, as copies need (F.linear's change with the row count)."""
+        e, x = experts.flatten(), x.repeat_interleave(experts.shape[1], 0)[:, None]  # (N k, 1, D)
+        h = F.silu(x @ self.gate[e].mT) * (x @ self.up[e].mT)                     # (N k, 1, inner)
+        y = (h @ self.down[e].mT).view(*experts.shape, -1) * weights[..., None]    # (N, k, D)
+        return sum(y.unbind(1))   # by slot, so by ascending expert: HF's order, and by_expert's
+
+    def by_expert(self, x, experts, w):   # by_row, an expert hit at a time (a host sync)
+        out = torch.zeros_like(x)
+        for rows, j in (torch.where(experts == e) for e in experts.unique().tolist()):
+            out.index_add_(0, rows, self.by_row(x[rows], experts[rows, j, None], w[rows, j, None]))
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, c, i):   # the i-th layer
+        super().__init__()
         self.attn_norm, self.attn = RMSNorm(c.n_embd, c.norm_eps), Attention(c)
-        self.mlp_norm, self.mlp = RMSNorm(c.n_embd, c.norm_eps), MLP(c)
+        sparse = c.n_experts and (i + 1) % c.decoder_sparse_step == 0 and i not in c.mlp_only_layers
+        self.mlp_norm, self.mlp = RMSNorm(c.n_embd, c.norm_eps), (SparseMLP if sparse else MLP)(c)
 
     def forward(self, x, cos, sin, mask, start):
         x = x + self.attn(self.attn_norm(x), cos, sin, mask, start)
@@ -139,7 +179,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = c = config
         self.embed = nn.Embedding(c.vocab_size, c.n_embd)
-        self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layer))
+        self.layers = nn.ModuleList(Block(c, i) for i in range(c.n_layer))
         self.norm = RMSNorm(c.n_embd, c.norm_eps)
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         if c.tie_embeddings:

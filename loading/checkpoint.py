@@ -4,7 +4,8 @@
   (`config_from_hf`, under config.json's names: HF_KEYS); generation_config.json adds a chat
   model's stop ids. check_config refuses a network that cannot run; PRESETS: SDAR's shapes.
 - Weights: model.safetensors, or the shards that model.safetensors.index.json lists, under HF's
-  names (HF_NAMES). `from_pretrained` reads one shard at a time straight onto the device, into
+  names (HF_NAMES; a mixture of experts' one tensor an expert, EXPERT, stacked here as shards
+  arrive). `from_pretrained` reads one shard at a time straight onto the device, into
   a model built on the meta device, so the weights never exist twice in memory.
 - Bad files are refused with a one-line ValueError (FileNotFoundError if missing) naming them.
 
@@ -38,8 +39,15 @@ PRESETS = {
                     intermediate_size=9728, tie_embeddings=True),
     "sdar-8b": dict(SDAR, n_layer=36, n_embd=4096, n_head=32, n_kv_head=8,
                     intermediate_size=12288, tie_embeddings=False),
+    # Qwen3-30B-A3B's trunk: every layer sparse, 8 of 128 experts a row
+    "sdar-30b-a3b": dict(SDAR, n_layer=48, n_embd=2048, n_head=32, n_kv_head=4,
+                         intermediate_size=6144, tie_embeddings=False, n_experts=128, top_k=8,
+                         moe_intermediate_size=768, norm_topk_prob=True),
     "tiny": dict(vocab_size=97, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16,
                  intermediate_size=128, mask_token_id=3, eos_token_id=2, max_seq_len=1024),
+    "tiny-moe": dict(vocab_size=97, n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16,
+                     intermediate_size=128, mask_token_id=3, eos_token_id=2, max_seq_len=1024,
+                     n_experts=8, top_k=2, moe_intermediate_size=64, norm_topk_prob=True),
     # SDAR's vocabulary on a tiny trunk: the head is most of a forward (measure/sol.py)
     "qwen-vocab-2l": dict(SDAR, n_layer=2, n_embd=256, n_head=4, n_kv_head=2, head_dim=64,
                           intermediate_size=768, tie_embeddings=True),
@@ -67,6 +75,8 @@ def check_config(config):
     if not all(0 <= i < config.vocab_size for i in config.stop_ids):
         raise ValueError(f"eos_token_id {list(config.stop_ids)} holds an id outside the "
                          f"vocabulary (vocab_size {config.vocab_size})")
+    if config.n_experts:
+        check_moe(config)
     if any(b < 1 for b in config.block_sizes) or \
             (config.block_sizes and config.block_size not in config.block_sizes):
         raise ValueError(f"block_sizes {list(config.block_sizes)} must be >= 1 and include "
@@ -74,9 +84,27 @@ def check_config(config):
     return config
 
 
+def check_moe(config):
+    """check_config's part for a mixture of experts."""
+    for name in ("top_k", "moe_intermediate_size", "decoder_sparse_step"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"{HF_MOE_KEYS[name]} must be >= 1, got {getattr(config, name)}")
+    if config.top_k > config.n_experts:
+        raise ValueError(f"num_experts_per_tok {config.top_k} is above num_experts "
+                         f"{config.n_experts}")
+
+
 # what config.json may leave out (rope_theta: checked apart, it may sit in rope_parameters)
 OPTIONAL = {"head_dim", "tie_embeddings", "block_sizes", "eos_token_id", "max_seq_len", "rope_theta"}
-FIELD_TYPES = dict(rope_theta=float, norm_eps=float, tie_embeddings=bool, block_sizes=list)  # else int
+FIELD_TYPES = dict(rope_theta=float, norm_eps=float, tie_embeddings=bool, block_sizes=list,
+                   norm_topk_prob=bool, mlp_only_layers=list)  # else int
+# a mixture of experts' keys (model_type sdar_moe / qwen3_moe); the sizes are required, the rest
+# default as in transformers' Qwen3MoeConfig
+HF_MOE_KEYS = dict(n_experts="num_experts", top_k="num_experts_per_tok",
+                   moe_intermediate_size="moe_intermediate_size", norm_topk_prob="norm_topk_prob",
+                   decoder_sparse_step="decoder_sparse_step", mlp_only_layers="mlp_only_layers")
+MOE_DEFAULTS = dict(top_k=8, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[])
+MOE_TYPES = ("sdar_moe", "qwen3_moe")
 JSON_TYPES = {int: "an integer", float: "a number", bool: "true or false", list: "a list of integers"}
 
 
@@ -122,6 +150,21 @@ def _rope_theta(hf, theta, source):
     return float(theta)
 
 
+def _moe_fields(hf, source):
+    """ModelConfig's mixture-of-experts fields from config.json (num_experts is transformers
+    5's num_local_experts)."""
+    hf, kw = dict(hf, num_experts=hf.get("num_experts", hf.get("num_local_experts"))), {}
+    for ours, theirs in HF_MOE_KEYS.items():
+        kind, value = FIELD_TYPES.get(ours, int), hf.get(theirs)
+        if value is None and ours not in MOE_DEFAULTS:
+            _fail(source, f"{theirs} is missing (it shapes the model, so it has no default)")
+        value = MOE_DEFAULTS[ours] if value is None else value
+        if not _is(value, kind):
+            _fail(source, f"{theirs} must be {JSON_TYPES[kind]}, got {value!r}")
+        kw[ours] = tuple(value) if kind is list else value
+    return kw
+
+
 def config_from_hf(hf, source="config.json", generation=None, cls=ModelConfig):
     """A ModelConfig from an HF config.json dict (SDAR, or Qwen3 with a mask token added). Every
     key that shapes the network is required, with its type; only head_dim (hidden_size / heads,
@@ -130,7 +173,7 @@ def config_from_hf(hf, source="config.json", generation=None, cls=ModelConfig):
     eos_token_id ids join config.json's as stop ids. Errors name the key and `source`."""
     if not isinstance(hf, dict):
         _fail(source, f"a JSON {type(hf).__name__}, not an object")
-    if hf.get("model_type") not in ("sdar", "qwen3"):
+    if hf.get("model_type") not in ("sdar", "qwen3", *MOE_TYPES):
         _fail(source, f"model_type {hf.get('model_type')!r} is not SDAR/Qwen3-like")
     if hf.get("mask_token_id") is None:
         _fail(source, "no mask_token_id: not a block-diffusion checkpoint")
@@ -149,6 +192,8 @@ def config_from_hf(hf, source="config.json", generation=None, cls=ModelConfig):
         else:
             kw[ours] = value
     kw["rope_theta"] = _rope_theta(hf, kw.get("rope_theta"), source)
+    if hf["model_type"] in MOE_TYPES:
+        kw.update(_moe_fields(hf, source))
     if "head_dim" not in kw:                                 # HF's default
         if kw["n_head"] < 1 or kw["n_embd"] % kw["n_head"]:
             _fail(source, f"no head_dim, and hidden_size {kw['n_embd']} is not a multiple of "
@@ -168,8 +213,12 @@ def config_to_hf(config):
     """The config.json dict of an SDAR checkpoint with this config (stop ids as eos_token_id)."""
     hf = {theirs: getattr(config, ours) for ours, theirs in HF_KEYS.items()}
     hf["eos_token_id"] = list(config.stop_ids) or config.eos_token_id
-    return dict(hf, model_type="sdar", architectures=["SDARForCausalLM"], hidden_act="silu",
-                attention_bias=False, block_sizes=list(config.block_sizes))
+    if config.n_experts:
+        hf.update({theirs: getattr(config, ours) for ours, theirs in HF_MOE_KEYS.items()},
+                  mlp_only_layers=list(config.mlp_only_layers))
+    kind = "Moe" if config.n_experts else ""
+    return dict(hf, model_type="sdar_moe" if kind else "sdar", architectures=[f"SDAR{kind}ForCausalLM"],
+                hidden_act="silu", attention_bias=False, block_sizes=list(config.block_sizes))
 
 
 # ---- weights ----
@@ -188,12 +237,18 @@ HF_NAMES = {  # HF name -> ours; {i} is the layer index
     "model.layers.{i}.mlp.gate_proj.weight": "layers.{i}.mlp.gate.weight",
     "model.layers.{i}.mlp.up_proj.weight": "layers.{i}.mlp.up.weight",
     "model.layers.{i}.mlp.down_proj.weight": "layers.{i}.mlp.down.weight",
+    "model.layers.{i}.mlp.gate.weight": "layers.{i}.mlp.router.weight",   # a sparse layer's
 }
+# a sparse layer's expert e: one tensor each, a slice e of our stacked layers.{i}.mlp.{kind}
+EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 TO_HF = {ours: theirs for theirs, ours in HF_NAMES.items()}
 
 
 def rename(name, to_local=True):
-    """HF weight name -> ours (or back), through HF_NAMES with the layer index as {i}."""
+    """HF weight name -> ours (or back), through HF_NAMES with the layer index as {i}. Back, an
+    expert's slice has our name layers.{i}.mlp.{kind}.{e} (expected_slices)."""
+    if not to_local and (m := re.fullmatch(r"layers\.(\d+)\.mlp\.(gate|up|down)\.(\d+)", name)):
+        return f"model.layers.{m[1]}.mlp.experts.{m[3]}.{m[2]}_proj.weight"
     table, prefix = (HF_NAMES, "model.layers.") if to_local else (TO_HF, "layers.")
     m = re.match(re.escape(prefix) + r"(\d+)\.(.*)", name)
     key = f"{prefix}{{i}}.{m.group(2)}" if m else name
@@ -239,6 +294,9 @@ def load_shard(model, file, expected, device, dtype):
     try:
         with safe_open(file, framework="pt", device=str(device or "cpu")) as f:
             for hf_name in f.keys():
+                if EXPERT.fullmatch(hf_name):
+                    loaded.add(load_expert(model, f, hf_name, expected, device, dtype))
+                    continue
                 name = rename(hf_name)
                 if name not in expected:
                     raise ValueError(f"unexpected weight in checkpoint: {hf_name} (the "
@@ -256,6 +314,37 @@ def load_shard(model, file, expected, device, dtype):
     return loaded
 
 
+def load_expert(model, f, hf_name, expected, device, dtype):
+    """Copy one expert's tensor (safetensors file `f`) into its slice of our stacked parameter,
+    which is put on `device` when its first slice arrives. -> the slice's name (name.e)"""
+    i, e, kind = EXPERT.fullmatch(hf_name).groups()
+    name, e = f"layers.{i}.mlp.{kind}", int(e)
+    shape = expected.get(name, ())
+    if len(shape) != 3 or e >= shape[0]:
+        raise ValueError(f"unexpected weight in checkpoint: {hf_name} (the config has "
+                         f"{model.config.n_experts} experts, in layers that are sparse)")
+    t = f.get_tensor(hf_name)
+    if t.shape != shape[1:]:
+        raise ValueError(f"shape mismatch for {hf_name}: checkpoint {tuple(t.shape)}, model "
+                         f"{tuple(shape[1:])}")
+    mlp = model.get_submodule(f"layers.{i}.mlp")
+    if getattr(mlp, kind).is_meta:
+        empty = torch.empty(shape, dtype=dtype or t.dtype, device=device or "cpu")
+        setattr(mlp, kind, torch.nn.Parameter(empty))
+    with torch.no_grad():
+        getattr(mlp, kind)[e] = t
+    return f"{name}.{e}"
+
+
+def expected_slices(expected):
+    """Every weight a checkpoint must hold, by our name; a stacked expert parameter (3-D) by
+    its slices, name.e."""
+    names = set()
+    for name, shape in expected.items():
+        names |= {f"{name}.{e}" for e in range(shape[0])} if len(shape) == 3 else {name}
+    return names
+
+
 def from_pretrained(path, device=None, dtype=None, cls=Transformer):
     """Load an HF-format SDAR/Qwen3 directory, one shard at a time straight onto `device` (the
     model is built on the meta device, so weights never exist twice in memory). -> in eval mode"""
@@ -268,7 +357,8 @@ def from_pretrained(path, device=None, dtype=None, cls=Transformer):
     loaded = set()
     for shard in shards:
         loaded |= load_shard(model, path / shard, expected, device, dtype)
-    missing = set(expected) - loaded - ({"lm_head.weight"} if config.tie_embeddings else set())
+    missing = expected_slices(expected) - loaded - ({"lm_head.weight"} if config.tie_embeddings
+                                                    else set())
     if missing:
         names = ", ".join(sorted(rename(n, to_local=False) for n in missing))
         raise ValueError(f"checkpoint {path} lacks weight(s): {names}")
@@ -282,9 +372,12 @@ def save_pretrained(model, path, dtype=torch.bfloat16):
     from safetensors.torch import save_file
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    state = {rename(name, to_local=False): t.detach().to(dtype).contiguous().cpu()
-             for name, t in model.state_dict().items()
-             if not (name == "lm_head.weight" and model.config.tie_embeddings)}
+    state = {}
+    for name, t in model.state_dict().items():   # an expert's stacked parameter: a tensor each
+        if not (name == "lm_head.weight" and model.config.tie_embeddings):
+            slices = {f"{name}.{e}": s for e, s in enumerate(t)} if t.dim() == 3 else {name: t}
+            state |= {rename(n, to_local=False): s.detach().to(dtype).contiguous().cpu()
+                      for n, s in slices.items()}
     with atomic_write(path / "model.safetensors") as tmp:
         save_file(state, tmp, metadata={"format": "pt"})
     with atomic_write(path / "config.json") as tmp:

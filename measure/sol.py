@@ -1,7 +1,8 @@
 """Speed of light: how close one decode forward, and the whole decode loop, come to the floor.
 
 A decode forward of a block-diffusion LM reads every weight once for B queries, so its floor
-is weight bytes / memory bandwidth (the KV cache of a 1k-token context adds little). Here a
+is weight bytes / memory bandwidth (a mixture of experts': the bytes outside the experts and of
+the experts its rows route to, forward_bytes) (the KV cache of a 1k-token context adds little). Here a
 checkpoint-shaped model with random weights (a checkpoint.PRESETS name, or a checkpoint directory's
 config.json) runs
   - one forward of B = 4 / 8 / 32 queries against a cache of `cache_len` rows (and B = 4
@@ -32,7 +33,7 @@ import torch
 from loading import checkpoint
 from loading.checkpoint import PRESETS
 from decode import DecodeRule, Session, generate, packed_rows
-from model import ModelConfig, Transformer
+from model import ModelConfig, SparseMLP, Transformer
 from fast import compile_model
 from spiffy import ranks
 from verify import Guesses, verify_copies, walk
@@ -48,8 +49,17 @@ from verify import Guesses, verify_copies, walk
 # and the next launch). layer_s and sync_s are guesses of the right order; a GPU run replaces
 # them: sync_s by a round's wall time less its forwards' (experiments/round_costs.py on the GPU),
 # layer_s by a drafter-shaped forward (bench.py --speed-of-light sdar-1.7b --compile).
+# An MoE target (sdar-30b-a3b) is costed by the bytes its forward reads (forward_bytes); its
+# floor, the 1, is then a plain decoding forward of `block` rows.
 GPU_MODEL = dict(pair="SDAR-8B + SDAR-1.7B on an H200, bf16 (modelled)", target="sdar-8b",
-                 drafter="sdar-1.7b", bandwidth=4.8e12, flops=989e12, layer_s=30e-6, sync_s=0.2e-3)
+                 drafter="sdar-1.7b", bandwidth=4.8e12, flops=989e12, layer_s=30e-6, sync_s=0.2e-3,
+                 block=4)
+# Distinct experts a sparse layer's rows route to, of 128 with top-8, against the rows of a
+# forward shaped as the decoders' (copies of one block, each revealing other guesses; measured,
+# a random-weight model: python experiments/moe_bytes.py --measure, 3 seeds); between points,
+# linear.
+EXPERTS_HIT_128_8 = {1: 8.0, 2: 8.8, 4: 10.0, 8: 17.2, 16: 29.8, 32: 47.6, 64: 69.6,
+                     128: 93.1, 256: 110.3}
 
 
 @functools.cache
@@ -60,14 +70,69 @@ def preset_params(preset):
     return sum(p.numel() for p in model.parameters()), model.config.n_layer
 
 
+@functools.cache
+def preset_experts(preset):
+    """(parameters outside the experts, one expert's, sparse layers) of a PRESETS shape, on the
+    meta device: a 30B model is never built."""
+    with torch.device("meta"):
+        model = Transformer(ModelConfig(**PRESETS[preset]))
+    sparse = [b.mlp for b in model.layers if isinstance(b.mlp, SparseMLP)]
+    expert = sum(p[0].numel() for m in sparse[:1] for p in (m.gate, m.up, m.down))
+    outside = preset_params(preset)[0] - len(sparse) * model.config.n_experts * expert
+    return outside, expert, len(sparse)
+
+
+def experts_hit(rows, n_experts, top_k, copies=True):
+    """Distinct experts of n_experts a sparse layer reads for `rows` query rows: measured on
+    copy-shaped rows (EXPERTS_HIT_128_8) where measured, else as if each row drew its top_k
+    at random: n_experts (1 - (1 - top_k / n_experts)^rows)."""
+    if copies and (n_experts, top_k) == (128, 8):
+        xs = sorted(EXPERTS_HIT_128_8)
+        i = next((i for i, x in enumerate(xs) if x >= rows), len(xs) - 1)
+        (x0, y0), (x1, y1) = [(x, EXPERTS_HIT_128_8[x]) for x in (xs[max(i - 1, 0)], xs[i])]
+        return min(n_experts, y0 + (y1 - y0) * (rows - x0) / max(x1 - x0, 1))
+    return n_experts * (1 - (1 - top_k / n_experts) ** rows)
+
+
+def forward_bytes(preset, rows, copies=True, dtype_bytes=2):
+    """Weight bytes a forward of `rows` query rows must read: every weight outside the experts
+    (attention, router, head, norms), and the experts its rows route to (experts_hit)."""
+    c = ModelConfig(**PRESETS[preset])
+    if not c.n_experts:
+        return dtype_bytes * preset_params(preset)[0]
+    outside, expert, sparse = preset_experts(preset)
+    return dtype_bytes * (outside + sparse * expert * experts_hit(rows, c.n_experts, c.top_k, copies))
+
+
+def model_bytes(model, rows):
+    """forward_bytes of a built model, in its dtype: its weight bytes less the experts that
+    `rows` rows do not route to (experts_hit)."""
+    c, params = model.config, list(model.parameters())
+    total = sum(p.numel() * p.element_size() for p in params)
+    sparse = [b.mlp for b in model.layers if isinstance(b.mlp, SparseMLP)]
+    unread = c.n_experts - experts_hit(rows, c.n_experts, c.top_k) if sparse else 0
+    return total - unread * sum(p[0].numel() * p.element_size()
+                                for m in sparse for p in (m.gate, m.up, m.down))
+
+
+def forward_flops(preset, rows):
+    """2 x the parameters a row uses (its top_k experts of a sparse layer) x rows."""
+    c = ModelConfig(**PRESETS[preset])
+    if not c.n_experts:
+        return 2 * preset_params(preset)[0] * rows
+    outside, expert, sparse = preset_experts(preset)
+    return 2 * (outside + sparse * c.top_k * expert) * rows
+
+
 def modelled_gpu_cost(rows, rows_draft, tokens, syncs=0, gpu=GPU_MODEL):
     """rows, rows_draft: {query rows: forwards} of the target and the drafter; syncs: host
     syncs -> modelled target-forward equivalents per token (GPU_MODEL)."""
     def cost(preset, counts):
-        n_params, n_layer = preset_params(preset)
-        return sum(n * max(2 * n_params / gpu["bandwidth"], 2 * n_params * T / gpu["flops"],
-                           n_layer * gpu["layer_s"]) for T, n in counts.items())
-    floor = 2 * preset_params(gpu["target"])[0] / gpu["bandwidth"]   # one SDAR-8B forward, bf16
+        n_layer = preset_params(preset)[1]
+        return sum(n * max(forward_bytes(preset, T) / gpu["bandwidth"],
+                           forward_flops(preset, T) / gpu["flops"], n_layer * gpu["layer_s"])
+                   for T, n in counts.items())
+    floor = forward_bytes(gpu["target"], gpu["block"]) / gpu["bandwidth"]   # one forward, bf16
     spent = cost(gpu["target"], rows) + cost(gpu["drafter"], rows_draft) + syncs * gpu["sync_s"]
     return spent / floor / tokens
 
@@ -215,9 +280,10 @@ def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache
         step = lambda: sess.forward(idx, pos, keep=B)
         time_it(step, 3)                                        # warm-up (and compile)
         t = time_it(step, iters)
+        floor_bytes = model_bytes(model, B)   # an MoE's: the experts B rows route to
         rows.append(dict(block_size=B, cache_len=cache, cache_rows=model.layers[0].attn.cache.k.shape[2],
                          forward_ms=1e3 * t,
-                         floor_ms=1e3 * weight_bytes / bw, x_floor=t * bw / weight_bytes))
+                         floor_ms=1e3 * floor_bytes / bw, x_floor=t * bw / floor_bytes))
     for B in block_sizes[:1] if quick else block_sizes:
         time_forward(B, cache_len)
     result = dict(model=spec, device=str(device), dtype=str(dtype).removeprefix("torch."),

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from model import ModelConfig, Transformer  # noqa: E402
+from model import ModelConfig, SparseMLP, Transformer  # noqa: E402
 from loading.checkpoint import PRESETS  # noqa: E402
 from training.tasks import problems  # noqa: E402
 
@@ -103,6 +103,9 @@ def make_model(n_layer=2, vocab=97, block_size=4, seed=0, gain=3.0, embed_std=1.
             elif isinstance(m, nn.Linear) and m.weight is not model.embed.weight:
                 std = gain / math.sqrt(m.weight.shape[1])
                 m.weight.copy_(torch.randn(m.weight.shape, generator=g) * std)
+            elif isinstance(m, SparseMLP):   # the experts, stacked: fan-in is the last dim
+                for p in (m.gate, m.up, m.down):
+                    p.copy_(torch.randn(p.shape, generator=g) * gain / math.sqrt(p.shape[-1]))
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1 + 0.4 * (torch.rand(p.shape, generator=g) - 0.5))

@@ -2,7 +2,8 @@
 with dynamic and with static shapes, over SDPA and over FlexAttention, for every decoder
 (tools/lockstep.py's: plain, threshold, SimSD with a drafter, its trajectory and lookup
 references, lossless and temporal, and Spiffy) at B = 4 and 32, every stale cache row filled
-with garbage (a row that leaked would change the tokens).
+with garbage (a row that leaked would change the tokens). And a mixture of experts, whose sparse
+MLP compiles its gathered form (static shapes), not eager's loop over the experts hit.
 
 One compiled model serves both block sizes (a mask captures the block size as a tensor; the
 cache is sized once), and a prompt shorter than a block runs at B = 4 only: each new graph
@@ -17,6 +18,8 @@ import torch
 
 import fast
 from conftest import make_model
+from decode import generate
+from loading.checkpoint import PRESETS
 from decode import DecodeRule
 from spiffy import calibrate
 from tools.lockstep import decoders, stale_garbage
@@ -59,3 +62,17 @@ def test_compiled_decoding_writes_eager_tokens(setting, attn, shapes):
     for B, (rule, graph, eager) in per_size.items():
         for name, run in decoders(*models, rule, graph, 2 * B).items():
             assert [run(p) for p in PROMPTS[B]] == eager[name], f"{name}, B = {B}"
+
+
+def test_a_compiled_mixture_of_experts_writes_eager_tokens():
+    """The tiny MoE, one layer, dynamic shapes: plain decoding's tokens, and the logits of a
+    prompt within fp32's reordering."""
+    eager = make_model(**{**PRESETS["tiny-moe"], "n_layer": 1}, seed=3)
+    compiled = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    fast.compile_dynamic(compiled, backend="inductor")
+    rule, p = DecodeRule(MASK_ID, 4), prompt(37)
+    assert generate(compiled, p, 12, rule, eos_id=-1)[0] == generate(eager, p, 12, rule, eos_id=-1)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(torch.tensor([p])), eager(torch.tensor([p])),
+                                   atol=1e-4, rtol=0)

@@ -35,7 +35,7 @@ SPECS = ("none", "simsd", "spiffy")
 
 
 def check_args(spec, device, block_size, max_new_tokens, threshold, temperature, top_k, top_p,
-               eb_threshold, graph, flags, dtype=None):
+               eb_threshold, graph, flags, dtype=None, attention=None):
     """Every flag, before any file is read (flags: cli.SIMSD_FLAGS and draft_budget)."""
     if spec not in SPECS:
         raise ValueError(f"unknown --spec {spec!r}; choose from {', '.join(SPECS)}")
@@ -43,12 +43,15 @@ def check_args(spec, device, block_size, max_new_tokens, threshold, temperature,
     cli.check_rule(threshold, temperature, top_p, eb_threshold)
     cli.check_spec_flags(spec, block_size, graph=graph, **flags)
     cli.check_device(device, dtype)
+    cli.attention(attention, device, None)
 
 
 def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtype, compile,
-            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None):
+            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None,
+            attention="sdpa"):
     """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), its copies'
-    sizing in words, cli.warm_up's models); kw: the decoder's own (generator, on_block, ...)."""
+    sizing in words, cli.warm_up's models); kw: the decoder's own (generator, on_block, ...);
+    attention: both models', resolved (cli.attention)."""
     dtype = getattr(torch, dtype) if dtype else None
     model, tok = cli.load(target, device, dtype, stop_ids)
     rule = cli.make_rule(model, block_size, cli.default_threshold(threshold, strategy),
@@ -67,6 +70,7 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
         g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule)
         run = lambda ids, n, rule=rule, **kw: counting(spiffy_generate)(
             model, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size), **kw)
+    cli.set_attention(attention, model, drf)
     cli.compile_models(model, drf, compile)
     plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
     return model, tok, rule, run, None if plain else cost_note, dict(
@@ -90,7 +94,7 @@ def summary(spec, stats, rule, load_s, cost_note=None):
 
 def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
          block_size=None, threshold=None, strategy=None, max_new_tokens=64, seed=0, device="cpu",
-         dtype=None, compile=False, chat=False, as_json=False, stop_ids=None, graph=None,
+         dtype=None, compile=False, attention=None, chat=False, as_json=False, stop_ids=None, graph=None,
          temperature=0.0, top_k=None, top_p=None, eb_threshold=cli.EB_THRESHOLD, **method):
     """method: SimSD's cli.SIMSD_FLAGS, Spiffy's cli.SPIFFY_FLAGS but graph, and cli.SPEC_FLAGS
     (None = the default; an error when given to a method that does not use them)."""
@@ -98,12 +102,13 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     if method:
         raise TypeError(f"unknown setting(s) {', '.join(method)}")
     check_args(spec, device, block_size, max_new_tokens, threshold, temperature, top_k, top_p,
-               eb_threshold, graph, flags, dtype)
+               eb_threshold, graph, flags, dtype, attention)
+    attention = cli.attention(attention, device, compile)
     t0 = time.perf_counter()
     model, tok, rule, run, cost_note, warm = prepare(
         spec, target, flags.pop("drafter"), block_size, threshold, strategy, device, dtype, compile,
         stop_ids, graph, dict(temperature=temperature, top_k=top_k, top_p=top_p, eb_threshold=eb_threshold),
-        flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"))
+        flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"), attention)
     text = tok.apply_chat_template(prompt) if chat else prompt
     if chat and tok.chat_template is None:
         print(f"note: {target} has no chat_template; the prompt is in ChatML", file=sys.stderr)
@@ -133,6 +138,7 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
         rest = {k: v for k, v in stats.items() if k not in ("nfe", "nfe_draft")}
         print(json.dumps(dict(rest, text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
                               nfe_draft=stats.get("nfe_draft", 0), load_s=load_s, rule=cli.describe(rule), cost_model=cost_note,
+                              attention=attention,
                               tokens_per_s=stats["tokens"] / stats["seconds"])))
     return out, stats
 

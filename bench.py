@@ -231,11 +231,6 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
     return plan
 
 
-def digests(outputs):
-    """Each prompt's tokens as 8 hex digits: another run's (another dtype's) compare with them."""
-    return [hashlib.sha1(json.dumps(o).encode()).hexdigest()[:8] for o in outputs]
-
-
 def compare(plan, outputs, results, tasks, exact):
     """Rows with each method against its plain counterpart (same outputs?), a compiled row
     against its eager self too, sdar and plain (speedups measured in this run) -> (rows,
@@ -247,7 +242,8 @@ def compare(plan, outputs, results, tasks, exact):
         plain = ("threshold" if threshold else "plain") + tag
         same = [a == b for a, b in zip(outputs[(name, B)], outputs[(plain, B)])]
         rows.append(dict(method=name, block_size=B, **results[(name, B)], same_as=plain,
-                         same_fraction=sum(same) / len(same), output_digests=digests(outputs[(name, B)])))
+                         same_fraction=sum(same) / len(same), output_digests=[  # each prompt's tokens: another run compares with them
+                             hashlib.sha1(json.dumps(o).encode()).hexdigest()[:8] for o in outputs[(name, B)]]))
         if base in LOSSLESS and exact and not all(same):
             failed.append(f"{name} at B={B} differs from {plain} on {len(same) - sum(same)} prompt(s)")
         eager = name.removesuffix(COMPILED).removesuffix(DRAFTER_COMPILED)
@@ -279,8 +275,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     uses them. speed_of_light: a preset or checkpoint directory: measure/sol.py's figures instead."""
     if speed_of_light:
         cli.check_device(device, dtype)
-        sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile, quick=quick,
-            attention=cli.attention(attention, device, compile))
+        sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile, quick=quick, attention=cli.attention(attention, device, compile))
         return 0
     simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead, lookup_n=lookup_n,
                     draft_steps=draft_steps)
@@ -312,8 +307,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
         [m for m in methods if end != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep,
         ablate, strategy, draft_budget or DRAFT_BUDGET, cost, rows_cap, end,
         **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
-    head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__,
-                attention=attention,
+    head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__, attention=attention,
                 tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats)
     result, rows, failed, after_warmup = by_block_size(
         plan, block_sizes, tasks, max_new_tokens, tok, repeats, device, lambda name: compile and (
@@ -332,8 +326,7 @@ def by_block_size(plan, block_sizes, tasks, max_new_tokens, tok, repeats, device
         plan_b = {k: v for k, v in plan.items() if k[1] == B}
         outputs, results, graphs = measure(plan_b, tasks, max_new_tokens, tok, repeats, device, compiled)
         rows_b, failed_b = compare(plan_b, outputs, results, tasks, exact)
-        rows_b = [dict(r, attention=head["attention"]) for r in rows_b]
-        rows, failed, after_warmup = rows + rows_b, failed + failed_b, after_warmup + graphs
+        rows, failed, after_warmup = rows + [dict(r, attention=head["attention"]) for r in rows_b], failed + failed_b, after_warmup + graphs
         result = save(out, dict(head, results=rows, lossless_ok=not failed, gpu_model=GPU_MODEL,
                                 date=time.strftime("%Y-%m-%d"), complete=B == block_sizes[-1]))
     return result, rows, failed, after_warmup

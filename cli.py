@@ -80,7 +80,7 @@ def attention(name, device, compile):
 def set_attention(name, *models):
     """Every model (None skipped) attends with `name` (ATTENTIONS), eager or compiled."""
     for m in models:
-        if m is not None:
+        if m is not None and name is not None:
             m.attn_impl = name
 
 
@@ -126,15 +126,16 @@ def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=
     for B in block_sizes:
         check_block_size(tgt, B, "target")
     drf = None if drafter is None else load_drafter(drafter, tgt, tok, block_sizes, device, dtype)
-    set_attention(attention, tgt, drf)
-    compile_models(tgt, drf, compile)
+    compile_models(tgt, drf, compile, attention)
     return tgt, tok, drf
 
 
-def compile_models(target, drafter, how):
-    """--compile `how` for both models (drafter None: none), or "drafter": the drafter alone,
+def compile_models(target, drafter, how, attention=None):
+    """Both models attend with `attention` (None: as they are; ATTENTIONS), eager and compiled.
+    --compile `how` for both models (drafter None: none), or "drafter": the drafter alone,
     "auto" (on a CPU its forward then costs about a fifth of the eager target's, against
     about a third eager: docs/results.md, "The drafter compiled alone")."""
+    set_attention(attention, target, drafter)
     if how == "drafter":
         if drafter is None:
             raise ValueError("--compile drafter: this method runs no drafter (--spec simsd with one does)")

@@ -3,8 +3,7 @@
 A mask_mod (b, h, q_idx, kv_idx) -> bool is True where the query may attend to the key. One
 closure drives flex_attention (block_mask) and SDPA (dense_mask), and is the tests' dense
 reference (python tools/draw_masks.py draws them). Closures capture tensors, never ints (an int
-compiles to a constant or a symbol that inductor's CPU flex code mangles: docs/results.md,
-docs/torch_bugs/flex_cpu_symint_rename.py).
+compiles to a constant or a symbol CPU flex mangles: docs/torch_bugs/flex_cpu_symint_rename.py).
 Keys are [cache ; queries]: query q_idx is key `prefix + q_idx`. SDAR: block_causal; SimSD's
 paper path: simsd_temporal (docs/design.md, 3); the lossless paths: block_copies (4).
 """
@@ -16,8 +15,7 @@ def block_causal(block_size, prefix=0):
     """SDAR's block-causal rule: a token sees its own block and every earlier block; `prefix`
     (the cache length, on the block grid) shifts the queries."""
     prefix = torch.as_tensor(prefix)
-    # a tensor, not an int: docs/torch_bugs/flex_cpu_symint_rename.py
-    block_size = torch.full_like(prefix, block_size)
+    block_size = torch.full_like(prefix, block_size)   # a tensor (the module's docstring)
 
     def block_causal_mask(b, h, q_idx, kv_idx):
         return (q_idx + prefix) // block_size >= kv_idx // block_size

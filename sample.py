@@ -35,7 +35,7 @@ SPECS = ("none", "simsd", "spiffy")
 
 
 def check_args(spec, device, block_size, max_new_tokens, threshold, temperature, top_k, top_p,
-               eb_threshold, graph, flags, dtype=None, attention=None):
+               eb_threshold, graph, flags, dtype=None):
     """Every flag, before any file is read (flags: cli.SIMSD_FLAGS and draft_budget)."""
     if spec not in SPECS:
         raise ValueError(f"unknown --spec {spec!r}; choose from {', '.join(SPECS)}")
@@ -43,15 +43,12 @@ def check_args(spec, device, block_size, max_new_tokens, threshold, temperature,
     cli.check_rule(threshold, temperature, top_p, eb_threshold)
     cli.check_spec_flags(spec, block_size, graph=graph, **flags)
     cli.check_device(device, dtype)
-    cli.attention(attention, device, None)
 
 
 def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtype, compile,
-            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None,
-            attention="sdpa"):
+            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None, attention="sdpa"):
     """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), its copies'
-    sizing in words, cli.warm_up's models); kw: the decoder's own (generator, on_block, ...);
-    attention: both models', resolved (cli.attention)."""
+    sizing in words, cli.warm_up's models); kw: the decoder's own (generator, on_block, ...)."""
     dtype = getattr(torch, dtype) if dtype else None
     model, tok = cli.load(target, device, dtype, stop_ids)
     rule = cli.make_rule(model, block_size, cli.default_threshold(threshold, strategy),
@@ -70,8 +67,7 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
         g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule)
         run = lambda ids, n, rule=rule, **kw: counting(spiffy_generate)(
             model, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size), **kw)
-    cli.set_attention(attention, model, drf)
-    cli.compile_models(model, drf, compile)
+    cli.compile_models(model, drf, compile, attention)
     plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
     return model, tok, rule, run, None if plain else cost_note, dict(
         target=model, drafter=drf, max_blocks=2 if spec == "none" else 3 if verifier == "temporal" else blocks)
@@ -102,13 +98,12 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     if method:
         raise TypeError(f"unknown setting(s) {', '.join(method)}")
     check_args(spec, device, block_size, max_new_tokens, threshold, temperature, top_k, top_p,
-               eb_threshold, graph, flags, dtype, attention)
-    attention = cli.attention(attention, device, compile)
+               eb_threshold, graph, flags, dtype)
     t0 = time.perf_counter()
     model, tok, rule, run, cost_note, warm = prepare(
         spec, target, flags.pop("drafter"), block_size, threshold, strategy, device, dtype, compile,
         stop_ids, graph, dict(temperature=temperature, top_k=top_k, top_p=top_p, eb_threshold=eb_threshold),
-        flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"), attention)
+        flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"), cli.attention(attention, device, compile))
     text = tok.apply_chat_template(prompt) if chat else prompt
     if chat and tok.chat_template is None:
         print(f"note: {target} has no chat_template; the prompt is in ChatML", file=sys.stderr)
@@ -136,9 +131,8 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     print("\n" + summary(spec, stats, rule, load_s, cost_note))
     if as_json:
         rest = {k: v for k, v in stats.items() if k not in ("nfe", "nfe_draft")}
-        print(json.dumps(dict(rest, text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
+        print(json.dumps(dict(rest, attention=model.attn_impl, text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
                               nfe_draft=stats.get("nfe_draft", 0), load_s=load_s, rule=cli.describe(rule), cost_model=cost_note,
-                              attention=attention,
                               tokens_per_s=stats["tokens"] / stats["seconds"])))
     return out, stats
 

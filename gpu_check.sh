@@ -69,7 +69,7 @@ if [ $dry = 1 ]; then   # the flow, flags and parsing, not the figures: no GPU, 
 else
     "$py" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
         || die "torch $("$py" -c 'import torch; print(torch.__version__)') sees no GPU (on a CPU: --dry-run)"
-    dev=(--device cuda) boxed=1 exact=(--prompts 4 --max-new-tokens 32) bench=(--prompts 8) sizes=4,32
+    dev=(--device cuda) boxed=1 exact=(--prompts 4) bench=(--prompts 8) sizes=4,32
     lockstep=(--budget 75)
     costs=(--shapes sdar-8b,sdar-1.7b --budget 60) profile=(--shapes sdar-8b --rows 4 --iters 10)
     export TORCH_LOGS=${TORCH_LOGS-recompiles,perf_hints}   # perf_hints: why a CUDA graph was skipped

@@ -43,9 +43,10 @@ BOXES=(lockstep:90 exact:90 costs:110 profile:35 bench:85 summary:10)   # second
 total=0 names=()
 for b in "${BOXES[@]}"; do total=$(( total + ${b#*:} )) names+=("${b%%:*}"); done
 [ $total -le 420 ] || die "the phases' time boxes add up to $total s, over 420"
-wanted=,${PHASES:-$(IFS=,; echo "${names[*]}")},
+all=$(IFS=,; echo "${names[*]}")
+wanted=,${PHASES:-$all},
 for p in $(tr , ' ' <<<"${PHASES:-}"); do
-    [[ ,${names[*]// /,}, == *,$p,* ]] || die "PHASES: unknown phase '$p'; choose from ${names[*]}"
+    [[ ,$all, == *,$p,* ]] || die "PHASES: unknown phase '$p'; choose from $all"
 done
 [[ ${PHASE_LIMIT:-1} =~ ^[1-9][0-9]*$ ]] || die "PHASE_LIMIT must be a whole number of seconds >= 1, got '$PHASE_LIMIT'"
 [[ ${ATTENTION:-flex} =~ ^(flex|sdpa)$ ]] || die "ATTENTION must be flex or sdpa, got '$ATTENTION'"

@@ -30,7 +30,7 @@ status 1 if a lossless method or a compiled row changed a token in fp32 (in bf16
     python bench.py --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --data gsm8k.jsonl \\
         --device cuda --dtype bfloat16 --compile --chat
 """
-import argparse, json, statistics, sys, time
+import argparse, hashlib, json, statistics, sys, time
 from collections import Counter
 
 import torch
@@ -243,7 +243,8 @@ def compare(plan, outputs, results, tasks, exact):
         plain = ("threshold" if threshold else "plain") + tag
         same = [a == b for a, b in zip(outputs[(name, B)], outputs[(plain, B)])]
         rows.append(dict(method=name, block_size=B, **results[(name, B)], **run.table, same_as=plain,
-                         same_fraction=sum(same) / len(same)))
+                         same_fraction=sum(same) / len(same), output_digests=[  # each prompt's tokens: another run compares with them
+                             hashlib.sha1(json.dumps(o).encode()).hexdigest()[:8] for o in outputs[(name, B)]]))
         if base in LOSSLESS and exact and not all(same):
             failed.append(f"{name} at B={B} differs from {plain} on {len(same) - sum(same)} prompt(s)")
         eager = name.removesuffix(COMPILED).removesuffix(DRAFTER_COMPILED)
@@ -267,7 +268,7 @@ def compare(plan, outputs, results, tasks, exact):
 
 
 def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METHODS,
-         prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, repeats=1,
+         prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, attention=None, repeats=1,
          data=None, chat=False, sweep=None, ablate=(), draft_budget=None, out=None, strategy=None,
          gate=None, draft_threshold=None, draft_stop=None, lookahead=None, speed_of_light=None, stop_ids=None, draft_steps=None,
          cost_table=None, lookup_n=None, tasks="arith", max_rows=None, quick=False):
@@ -275,7 +276,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     uses them. speed_of_light: a preset or checkpoint directory: measure/sol.py's figures instead."""
     if speed_of_light:
         cli.check_device(device, dtype)
-        sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile, quick=quick)
+        sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile, quick=quick, attention=cli.attention(attention, device, compile))
         return 0
     simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead, lookup_n=lookup_n,
                     draft_steps=draft_steps)
@@ -286,10 +287,11 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     if compile == "drafter" and not drafted:
         raise ValueError("--compile drafter: none of --methods runs a drafter (simsd does)")
     cli.check_device(device, dtype)
+    attention = cli.attention(attention, device, compile)   # eager and compiled rows alike
     cli.check_max_rows(max_rows, min(block_sizes))
     dtype, limit_hits = getattr(torch, dtype) if dtype else None, cli.RecompileLimitHits() if compile else None
     tgt, tok, drf = cli.load_models(target, (drafter or "") if drafted else None, block_sizes, device, dtype,
-                                    not tag and compile, stop_ids)
+                                    not tag and compile, stop_ids, attention)
     pairs = {"": (tgt, drf)} | ({tag: cli.compiled_copies(tgt, drf) if compile == "both" else (tgt, *cli.compiled_copies(drf))}
                                 if tag else {})   # the same models again, compiled: both, or the drafter alone
     kind, tasks = tasks, load_tasks(data, prompts, tok, chat, tasks)
@@ -307,7 +309,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
         ablate, strategy, draft_budget or DRAFT_BUDGET, cost, rows_cap, end,
         **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
     cli.warn(*dict.fromkeys(c.stale for c, _ in cost.values() if c))   # a table measured on other code
-    head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__,
+    head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__, attention=attention,
                 tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats)
     result, rows, failed, after_warmup = by_block_size(
         plan, block_sizes, tasks, max_new_tokens, tok, repeats, device, lambda name: compile and (
@@ -326,7 +328,7 @@ def by_block_size(plan, block_sizes, tasks, max_new_tokens, tok, repeats, device
         plan_b = {k: v for k, v in plan.items() if k[1] == B}
         outputs, results, graphs = measure(plan_b, tasks, max_new_tokens, tok, repeats, device, compiled)
         rows_b, failed_b = compare(plan_b, outputs, results, tasks, exact)
-        rows, failed, after_warmup = rows + rows_b, failed + failed_b, after_warmup + graphs
+        rows, failed, after_warmup = rows + [dict(r, attention=head["attention"]) for r in rows_b], failed + failed_b, after_warmup + graphs
         result = save(out, dict(head, results=rows, lossless_ok=not failed, gpu_model=GPU_MODEL,
                                 date=time.strftime("%Y-%m-%d"), complete=B == block_sizes[-1]))
     return result, rows, failed, after_warmup

@@ -34,6 +34,7 @@ COMPILE_MODES = (*fast.MODEL_COMPILES, "drafter")       # --compile: both models
 DTYPES = ("float32", "bfloat16", "float16")
 GPU_ROWS = 256   # max_rows' default on a GPU
 MAX_BUCKET = 16  # static shapes: by default, queries of at most 16 blocks (at most fast.STATIC_ROWS rows)
+ATTENTIONS = ("flex", "sdpa")   # --attention: FlexAttention (a BlockMask) or SDPA (a dense mask)
 
 
 
@@ -64,6 +65,23 @@ def saved_dtype(path):
     hf = util.read_json(Path(path) / "config.json")
     name = hf.get("torch_dtype") or hf.get("dtype")
     return getattr(torch, name) if name in DTYPES else torch.float32
+
+
+def attention(name, device, compile):
+    """--attention for both models and both sides of every compiled-vs-eager comparison: as
+    given, else flex where compiled on CUDA, else SDPA (faster on a CPU, eager or compiled:
+    docs/results.md). Flex stays the compiled CUDA default until a GPU run shows which kernel
+    is exact and faster there: it is the one the only GPU run so far (2026-12-04) compiled."""
+    if name is not None and name not in ATTENTIONS:
+        raise ValueError(f"unknown --attention {name!r}; choose from {', '.join(ATTENTIONS)}")
+    return name or ("flex" if compile and torch.device(device).type == "cuda" else "sdpa")
+
+
+def set_attention(name, *models):
+    """Every model (None skipped) attends with `name` (ATTENTIONS), eager or compiled."""
+    for m in models:
+        if m is not None and name is not None:
+            m.attn_impl = name
 
 
 def max_rows(rows, device, compile, block_size):
@@ -100,21 +118,24 @@ def simsd_drafter(target, drafter, reference, model, tok, block_size, device="cp
     return load_drafter(drafter, model, tok, [block_size], device, dtype)
 
 
-def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=None, stop_ids=None):
+def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=None, stop_ids=None,
+                attention="sdpa"):
     """-> (target, tokenizer, drafter or None when `drafter` is None), each checked for every
-    block size and compiled on request (drafter "": the default one)."""
+    block size, attending with `attention` and compiled on request (drafter "": the default one)."""
     tgt, tok = load(target, device, dtype, stop_ids)
     for B in block_sizes:
         check_block_size(tgt, B, "target")
     drf = None if drafter is None else load_drafter(drafter, tgt, tok, block_sizes, device, dtype)
-    compile_models(tgt, drf, compile)
+    compile_models(tgt, drf, compile, attention)
     return tgt, tok, drf
 
 
-def compile_models(target, drafter, how):
-    """--compile `how` for both models (drafter None: none), or "drafter": the drafter alone,
+def compile_models(target, drafter, how, attention=None):
+    """Both models attend with `attention` (None: as they are; ATTENTIONS), eager and compiled.
+    --compile `how` for both models (drafter None: none), or "drafter": the drafter alone,
     "auto" (on a CPU its forward then costs about a fifth of the eager target's, against
     about a third eager: docs/results.md, "The drafter compiled alone")."""
+    set_attention(attention, target, drafter)
     if how == "drafter":
         if drafter is None:
             raise ValueError("--compile drafter: this method runs no drafter (--spec simsd with one does)")
@@ -403,6 +424,9 @@ def model_flags(ap, both=False):
                         "shapes on the CPU (auto), or say which; drafter: the drafter alone (auto)" + both * ", a row with it eager "
                         "and one compiled; both: a row eager and a row compiled (auto) for every method, interleaved "
                         "prompt by prompt")
+    g.add_argument("--attention", default=None, choices=ATTENTIONS, help="flex: FlexAttention; "
+                   "sdpa: scaled_dot_product_attention with a dense mask; the same eager and "
+                   "compiled (default: flex compiled on CUDA, else sdpa)")
     g.add_argument("--chat", action="store_true", help="render prompts with the checkpoint's own chat "
                    "template (tokenizer_config.json's chat_template; ChatML if it has none)")
     g.add_argument("--cost-table", default=None, help="simsd, spiffy: the cost table (tools/costs.py) that sizes "

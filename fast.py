@@ -182,7 +182,8 @@ def padded(mask_mod, prefix, n_real, n_pad):
     k = q.T
     inside = (mask_mod(0, 0, q, prefix + k) & (k < n_real)) | ((q >= n_real) & (q == k))
     # one lookup, no `&` or `|` on it (inductor's CPU code for create_block_mask fails on
-    # those, torch 2.13): column 0 is the cache (seen), 1 + k query k, the last past them all
+    # those, torch 2.13: docs/torch_bugs/flex_cpu_vecmask_mix.py): column 0 is the cache
+    # (seen), 1 + k query k, the last past them all
     table = torch.cat([inside.new_ones(n_pad, 1), inside, inside.new_zeros(n_pad, 1)], 1)
 
     def padded_mask(b, h, q_idx, kv_idx):             # clamp: flex pads indices past the end
@@ -197,7 +198,9 @@ def compile_dynamic(model, **options):
     compiled = many_graphs(torch.compile(model.trunk, dynamic=True, **options))
 
     def trunk(idx, pos, start, mask):
-        for cell in getattr(mask, "__closure__", None) or ():   # the mask's tables: static sizes
+        # the mask's tables: static sizes (a symbolic one is mangled on the CPU, torch 2.13:
+        # docs/torch_bugs/flex_cpu_symint_rename.py)
+        for cell in getattr(mask, "__closure__", None) or ():
             if torch.is_tensor(cell.cell_contents) and cell.cell_contents.dim():
                 torch._dynamo.mark_static(cell.cell_contents)
         # its inputs copied: a view's base is guarded on (another shape, another graph)

@@ -1,22 +1,32 @@
 #!/usr/bin/env bash
-# The GPU check in one command, its phases boxed in 450 s together (a rerun fits a 15-minute
-# lease). First, where compiled decoding parts from eager, forward by forward
-# (tools/lockstep.py: every compile configuration in turn, the embedded pair in fp32, stale
-# cache rows filled with garbage), so that a wrong compiled path is named in the first minutes;
-# then the CUDA tests, the bench on the embedded pair in bf16 (the main methods eager and
-# compiled, static shapes and CUDA graphs, in one interleaved run; its JSON written a block
-# size at a time), the speed-of-light figures of an SDAR-8B-shaped model (eager; compiled: its
-# B = 4 forward), where a round's time goes (experiments/round_costs.py), then a summary of
-# the files. Each phase has a time box, so a slow compile costs its own figures only;
-# recompiles and skipped CUDA graphs are logged (TORCH_LOGS). Figures go to stdout and, as
-# files, to ${OUT:-gpu_out} (git ignores it).
+# The GPU check in one command, its phases boxed in 420 s together (with the machine's start and
+# one rerun after a fix, it fits a 15-minute GPU slot). In order:
+#   lockstep  where compiled decoding parts from eager, forward by forward (tools/lockstep.py:
+#             every compile configuration in turn, the embedded pair in fp32): the first forward
+#             that differs is named in the first minutes;
+#   exact     compiled == eager in fp32 for every method (bench.py --compile both: its "= eager"
+#             at 100%, or exit 1), the same attention on both sides (cli.attention);
+#   costs     an SDAR-8B-shaped model's own costs (random weights built on the meta device, bf16,
+#             static shapes and CUDA graphs): forwards of 4, 16, 64 and 256 query rows after
+#             1,024 cached rows, one host sync, the floor; then the 1.7B drafter's shape if the
+#             box has time (tools/gpu_costs.py; JSON per shape);
+#   profile   the 8B 4-row forward by op (compiled without CUDA graphs, whose replay hides kernels);
+#   bench     the embedded pair in bf16, the main methods eager and compiled, one interleaved run;
+#   summary   the files read back: "= eager" in fp32 and bf16 next to eager's own bf16-vs-fp32
+#             agreement, the costs, the profile's top ops.
+# Dropped for time (each has run past its box before): the eager speed of light, the round costs
+# and tests/test_cuda.py (run them by hand). Each phase has a time box, so a slow compile costs
+# its own figures only, and writes its files as it goes: a later time-out keeps them. Figures go
+# to stdout and, as files, to ${OUT:-gpu_out} (git ignores it).
 #
-#   bash gpu_check.sh              # on a GPU
-#   bash gpu_check.sh --dry-run    # the same phases in the same order on the CPU, in seconds:
-#                                  # fp32, 1 prompt, B = 4, the tiny preset, no torch.compile,
-#                                  # no time boxes (it tests the flow, not the speed)
+#   bash gpu_check.sh                      # on a GPU
+#   PHASES=exact,summary bash gpu_check.sh # only the named phases, in the order above
+#   bash gpu_check.sh --dry-run            # the same phases on the CPU, in seconds: fp32, 1 prompt,
+#                                          # B = 4, the $DRY_PRESET shape (default tiny), no
+#                                          # torch.compile, no time boxes (the flow, not the speed)
 # PYTHON picks the interpreter (default: python); PHASE_LIMIT=S boxes every phase in S seconds
-# instead. Exit status: 0 when every phase passed.
+# instead; ATTENTION=flex|sdpa gives every phase's decoding that --attention (default: the
+# command lines' own). Exit status: 0 when every phase run passed.
 set -uo pipefail
 cd "$(dirname "$0")"
 die() { echo "error: $*" >&2; exit 2; }
@@ -25,11 +35,22 @@ dry=0
 for arg in "$@"; do
     case $arg in
         --dry-run) dry=1 ;;
-        -h|--help) sed -n '2,19s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,32s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) die "unknown flag $arg (gpu_check.sh takes only --dry-run)" ;;
     esac
 done
+BOXES=(lockstep:90 exact:90 costs:110 profile:35 bench:85 summary:10)   # seconds, 420 at most
+total=0 names=()
+for b in "${BOXES[@]}"; do total=$(( total + ${b#*:} )) names+=("${b%%:*}"); done
+[ $total -le 420 ] || die "the phases' time boxes add up to $total s, over 420"
+all=$(IFS=,; echo "${names[*]}")
+wanted=,${PHASES:-$all},
+for p in $(tr , ' ' <<<"${PHASES:-}"); do
+    [[ ,$all, == *,$p,* ]] || die "PHASES: unknown phase '$p'; choose from $all"
+done
 [[ ${PHASE_LIMIT:-1} =~ ^[1-9][0-9]*$ ]] || die "PHASE_LIMIT must be a whole number of seconds >= 1, got '$PHASE_LIMIT'"
+[[ ${ATTENTION:-flex} =~ ^(flex|sdpa)$ ]] || die "ATTENTION must be flex or sdpa, got '$ATTENTION'"
+attn=(${ATTENTION:+--attention $ATTENTION})
 py=${PYTHON:-python}
 command -v "$py" >/dev/null || die "no Python interpreter '$py' (set PYTHON)"
 command -v timeout >/dev/null || die "no 'timeout' command (coreutils)"
@@ -38,27 +59,29 @@ command -v timeout >/dev/null || die "no 'timeout' command (coreutils)"
 out=${OUT:-gpu_out}
 mkdir -p "$out" 2>/dev/null && [ -w "$out" ] || die "cannot write to OUT=$out"
 
+methods=threshold,simsd-lossless+threshold,spiffy+threshold
 if [ $dry = 1 ]; then   # the flow, flags and parsing, not the figures: no GPU, no compiler
     export TORCH_COMPILE_DISABLE=1
-    dev=(--device cpu --dtype float32) sol=tiny boxed=0 bench=(--prompts 1 --max-new-tokens 8) sizes=4 costs=1
-    tests=() lockstep=(--configs eager-flex --block-size 4)   # flex needs torch.compile (on)
+    shape=${DRY_PRESET:-tiny}
+    dev=(--device cpu) boxed=0 exact=(--prompts 1 --max-new-tokens 8) bench=(--prompts 1 --max-new-tokens 8) sizes=4
+    lockstep=(--configs eager-flex --block-size 4)   # flex needs torch.compile (on)
+    costs=(--shapes $shape --rows 4,16 --cache-len 64 --iters 2 --dtype float32)
+    profile=(--shapes $shape --rows 4 --cache-len 64 --iters 2 --dtype float32)
 else
     "$py" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
         || die "torch $("$py" -c 'import torch; print(torch.__version__)') sees no GPU (on a CPU: --dry-run)"
-    dev=(--device cuda --dtype bfloat16) sol=sdar-8b boxed=1 bench=(--prompts 8) sizes=4,32 costs=8 tests=() lockstep=(--budget 100)
+    dev=(--device cuda) boxed=1 exact=(--prompts 4) bench=(--prompts 8) sizes=4,32
+    lockstep=(--budget 75)
+    costs=(--shapes sdar-8b,sdar-1.7b --budget 60) profile=(--shapes sdar-8b --rows 4 --iters 10)
     export TORCH_LOGS=${TORCH_LOGS-recompiles,perf_hints}   # perf_hints: why a CUDA graph was skipped
 fi
-methods=threshold,simsd-lossless+threshold,spiffy+threshold
-BOXES=(lockstep:150 tests:60 bench:130 sol-eager:20 sol-compiled:45 round-costs:35 summary:10)   # seconds, 450 at most
-total=0
-for box in "${BOXES[@]}"; do total=$(( total + ${box#*:} )); done
-[ $total -le 450 ] || die "the phases' time boxes add up to $total s, over 450"
 box() { for b in "${BOXES[@]}"; do [ "${b%%:*}" = "$1" ] && echo "${b#*:}"; done; }
 failed=()
-phase() {   # phase NAME SECONDS LOG COMMAND...: COMMAND in its time box (PHASE_LIMIT if set; none
-    local name=$1 limit=$(( boxed * $2 )) log=$3 rc   # on a dry run), its stdout also to LOG unless -
+phase() {   # phase NAME LOG COMMAND...: COMMAND in NAME's time box (PHASE_LIMIT if set; none on a
+    local name=$1 limit=$(( boxed * $(box "$1") )) log=$2 rc   # dry run), its stdout also to LOG unless -
+    [[ $wanted == *,$name,* ]] || return 0
     limit=${PHASE_LIMIT:-$limit}
-    shift 3
+    shift 2
     echo "=== $name ($([ "$limit" = 0 ] && echo "no time box" || echo "at most ${limit} s"))"
     local t0=$SECONDS
     timeout "$limit" "$@" | tee "${log/#-//dev/null}"
@@ -68,41 +91,45 @@ phase() {   # phase NAME SECONDS LOG COMMAND...: COMMAND in its time box (PHASE_
 }
 
 "$py" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
-phase lockstep "$(box lockstep)" "$out/gpu_lockstep.txt" env -u TORCH_COMPILE_DISABLE "$py" -u tools/lockstep.py "${lockstep[@]}"
-phase tests "$(box tests)" - "$py" -m pytest -q -x -n 0 -p no:cacheprovider tests/test_cuda.py "${tests[@]}"
-phase bench "$(box bench)" - "$py" bench.py "${dev[@]}" --compile both --block-size $sizes "${bench[@]}" \
-    --methods $methods --out "$out/gpu_bench.json"
-phase sol-eager "$(box sol-eager)" "$out/gpu_sol_eager.txt" "$py" bench.py --speed-of-light $sol "${dev[@]}"
-phase sol-compiled "$(box sol-compiled)" "$out/gpu_sol_compiled.txt" "$py" bench.py --speed-of-light $sol \
-    "${dev[@]}" --compile --quick       # the B = 4 forward alone: one graph of the 8B model
-phase round-costs "$(box round-costs)" "$out/gpu_round_costs.txt" "$py" experiments/round_costs.py "${dev[@]}" \
-    --prompts $costs --block-size 4
-phase summary "$(box summary)" - "$py" - "$out" <<'EOF'
+phase lockstep "$out/gpu_lockstep.txt" env -u TORCH_COMPILE_DISABLE "$py" -u tools/lockstep.py "${lockstep[@]}"
+phase exact - "$py" bench.py "${dev[@]}" --dtype float32 --compile both --block-size 4 "${exact[@]}" \
+    --methods $methods "${attn[@]}" --out "$out/gpu_exact_fp32.json"
+phase costs - "$py" -u tools/gpu_costs.py "${dev[@]}" "${costs[@]}" "${attn[@]}" --out "$out"
+phase profile - "$py" tools/gpu_costs.py --profile "${dev[@]}" "${profile[@]}" "${attn[@]}" --out "$out"
+phase bench - "$py" bench.py "${dev[@]}" --dtype bfloat16 --compile both --block-size $sizes "${bench[@]}" \
+    --methods $methods "${attn[@]}" --out "$out/gpu_bench.json"
+phase summary - "$py" - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-path = out / "gpu_bench.json"
-if path.is_file():
-    bench = json.loads(path.read_text())
-    print(f"bench ({bench['device']}, torch {bench['torch']}, {bench['date']}), "
-          f"lossless ok: {bench['lossless_ok']}, compile: {bench.get('dynamo') or '-'}"
-          + ("" if bench.get("complete") else ", INCOMPLETE: the block sizes that finished"))
-    for r in bench["results"]:   # x threshold: against threshold compiled alike
+read = lambda name: json.loads((out / name).read_text()) if (out / name).is_file() else None
+exact, bench = read("gpu_exact_fp32.json"), read("gpu_bench.json")
+fp32_eager = {(r["method"], r["block_size"]): r["output_digests"] for r in (exact or {}).get("results", [])}
+for name, run in (("exact (fp32)", exact), ("bench (bf16)", bench)):
+    if run is None:
+        print(f"{name}: no file"); continue
+    print(f"{name}: {run['device']}, torch {run['torch']}, {run['date']}, attention {run['attention']}, "
+          f"lossless ok: {run['lossless_ok']}, compile: {run.get('dynamo') or '-'}"
+          + ("" if run.get("complete") else ", INCOMPLETE: the block sizes that finished"))
+    for r in run["results"]:   # x threshold: against threshold compiled alike
         eager = f"{r['speedup_vs_eager']:.2f}x eager" if "speedup_vs_eager" in r else ""
+        agree = f", {r['same_as_eager']:.0%} = eager" if "same_as_eager" in r else ""
+        ref = fp32_eager.get((r["method"], r["block_size"])) if run is bench else None
+        if ref and not r["method"].endswith(" compiled"):   # eager bf16 against eager fp32
+            same = [a == b for a, b in zip(r["output_digests"], ref)]
+            agree += f", {sum(same) / len(same):.0%} = fp32 eager ({len(same)} prompts)"
         print(f"  B={r['block_size']:<2} {r['method']:<35} {r['tokens_per_s']:8.1f} tok/s  "
               f"{r['speedup_vs_threshold']:.2f}x threshold  {eager:>10}  "
-              f"{r['tokens_per_target_fwd']:.2f} tokens/target forward"
-              + (f", {r['same_as_eager']:.0%} as eager" if "same_as_eager" in r else ""))
-else:
-    print(f"bench: no {path.name}")
-path = out / "gpu_round_costs.txt"
-print(*path.read_text().splitlines() if path.is_file() else [f"round costs: no {path.name}"], sep="\n")
-for run in ("eager", "compiled"):
-    path = out / f"gpu_sol_{run}.txt"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    if not lines or not lines[-1].startswith("{"):
-        print(f"speed of light {run}: no result"); continue
-    print(f"speed of light {run}:", *lines[:-1], sep="\n")
+              f"{r['tokens_per_target_fwd']:.2f} tokens/target forward{agree}")
+for path in sorted(out.glob("costs_*.json")):
+    c = json.loads(path.read_text())
+    print(f"costs {c['shape']} ({c['device']}, torch {c['torch']}, triton {c['triton']}, {c['dtype']}, "
+          f"{c['date']}): floor {1e3 * c['floor_s']:.3f} ms, one sync {1e6 * c['sync_s']:.1f} us; "
+          + ", ".join(f"{r['rows']} rows {1e3 * r['seconds']:.3f} ms ({r['x_floor']:.2f}x)" for r in c["rows"]))
+for path in sorted(out.glob("profile_*.txt")):
+    print(*path.read_text().splitlines()[:12], sep="\n")
+lockstep = out / "gpu_lockstep.txt"
+print(*lockstep.read_text().splitlines()[-3:] if lockstep.is_file() else ["lockstep: no file"], sep="\n")
 EOF
 if [ ${#failed[@]} = 0 ]; then
     echo "gpu_check: every phase passed"

@@ -3,7 +3,7 @@
 A mask_mod (b, h, q_idx, kv_idx) -> bool is True where the query may attend to the key. One
 closure drives flex_attention (block_mask) and SDPA (dense_mask), and is the tests' dense
 reference (python tools/draw_masks.py draws them). Closures capture tensors, never ints (an int
-compiles to a constant or a symbol that inductor's CPU flex code mangles: docs/results.md).
+compiles to a constant or a symbol CPU flex mangles: docs/torch_bugs/flex_cpu_symint_rename.py).
 Keys are [cache ; queries]: query q_idx is key `prefix + q_idx`. SDAR: block_causal; SimSD's
 paper path: simsd_temporal (docs/design.md, 3); the lossless paths: block_copies (4).
 """

@@ -184,7 +184,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        self.attn_impl = None  # "flex" or "sdpa"; None: flex compiled on CUDA, else SDPA (faster)
+        self.attn_impl = None  # flex, sdpa (cli.attention); None: flex compiled on CUDA, else SDPA
         self.kv = None  # setup_cache: every layer's keys and values, one tensor
         self.apply(self._init_weights)
 

@@ -46,7 +46,7 @@ def check_args(spec, device, block_size, max_new_tokens, threshold, temperature,
 
 
 def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtype, compile,
-            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None):
+            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None, attention="sdpa"):
     """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), its copies'
     sizing in words, cli.warm_up's models, costs.stale's warning); kw: the decoder's own."""
     dtype = getattr(torch, dtype) if dtype else None
@@ -67,7 +67,7 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
         g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule)
         run = lambda ids, n, rule=rule, **kw: counting(spiffy_generate)(
             model, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size), **kw)
-    cli.compile_models(model, drf, compile)
+    cli.compile_models(model, drf, compile, attention)
     plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
     stale = None if plain or cost is None else cost.stale
     return model, tok, rule, run, None if plain else cost_note, dict(
@@ -91,7 +91,7 @@ def summary(spec, stats, rule, load_s, cost_note=None):
 
 def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
          block_size=None, threshold=None, strategy=None, max_new_tokens=64, seed=0, device="cpu",
-         dtype=None, compile=False, chat=False, as_json=False, stop_ids=None, graph=None,
+         dtype=None, compile=False, attention=None, chat=False, as_json=False, stop_ids=None, graph=None,
          temperature=0.0, top_k=None, top_p=None, eb_threshold=cli.EB_THRESHOLD, **method):
     """method: SimSD's cli.SIMSD_FLAGS, Spiffy's cli.SPIFFY_FLAGS but graph, and cli.SPEC_FLAGS
     (None = the default; an error when given to a method that does not use them)."""
@@ -104,7 +104,7 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     model, tok, rule, run, cost_note, warm, stale = prepare(
         spec, target, flags.pop("drafter"), block_size, threshold, strategy, device, dtype, compile,
         stop_ids, graph, dict(temperature=temperature, top_k=top_k, top_p=top_p, eb_threshold=eb_threshold),
-        flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"))
+        flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"), cli.attention(attention, device, compile))
     text = tok.apply_chat_template(prompt) if chat else prompt
     ids = tok.encode(text)
     check_prompt(ids, model.config, max_new_tokens)
@@ -131,7 +131,7 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     print("\n" + summary(spec, stats, rule, load_s, cost_note))
     if as_json:
         rest = {k: v for k, v in stats.items() if k not in ("nfe", "nfe_draft")}
-        print(json.dumps(dict(rest, text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
+        print(json.dumps(dict(rest, attention=model.attn_impl, text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
                               nfe_draft=stats.get("nfe_draft", 0), load_s=load_s, rule=cli.describe(rule), cost_model=cost_note,
                               tokens_per_s=stats["tokens"] / stats["seconds"])))
     return out, stats

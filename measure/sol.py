@@ -261,9 +261,11 @@ def show(result):
 
 @torch.no_grad()
 def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache_len=1024,
-                   block_sizes=(4, 8, 32), iters=20, new_tokens=64, quick=False):
-    """quick: the B = 4 decode forward alone (compiled, an 8B model's one graph, not six)."""
+                   block_sizes=(4, 8, 32), iters=20, new_tokens=64, quick=False, attention=None):
+    """quick: the B = 4 decode forward alone (compiled, an 8B model's one graph, not six);
+    attention: "flex" or "sdpa" (None: the model's default)."""
     model = make(spec, device, dtype)
+    model.attn_impl = attention
     # a model with a short context (the tiny preset: 1024) gets half of it as the cache
     cache_len = min(cache_len, model.config.max_seq_len // 2)
     if compile:
@@ -287,7 +289,7 @@ def speed_of_light(spec, device="cpu", dtype=torch.float32, compile=False, cache
     for B in block_sizes[:1] if quick else block_sizes:
         time_forward(B, cache_len)
     result = dict(model=spec, device=str(device), dtype=str(dtype).removeprefix("torch."),
-                  compile=compile, torch=torch.__version__, params=sum(p.numel() for p in model.parameters()),
+                  compile=compile, attention=attention, torch=torch.__version__, params=sum(p.numel() for p in model.parameters()),
                   weight_gb=weight_bytes / 1e9, bandwidth_gb_s=bw / 1e9, cache_len=cache_len,
                   forwards=rows, verification=[], loop=None, date=time.strftime("%Y-%m-%d"))
     if not quick:

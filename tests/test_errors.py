@@ -180,6 +180,8 @@ CASES = {
     # bench.py flags
     "bench-block-size-0": (None, "bench.py --block-size 4,0", "--block-size must be >= 1, got 0"),
     "bench-block-size-untrained": (None, "bench.py --block-size 16", "not 16"),
+    "sample-attention-unknown": (None, "sample.py --attention math", "invalid choice: 'math'"),
+    "bench-attention-unknown": (None, "bench.py --attention math --compile both", "invalid choice: 'math'"),
     "bench-block-size-not-numbers": (None, "bench.py --block-size 4,x", "comma-separated integers"),
     "bench-unknown-method": (None, "bench.py --methods plain,medusa", "unknown method 'medusa'"),
     "bench-compile-mode": (None, "bench.py --compile fast", "invalid choice: 'fast'"),

@@ -128,6 +128,7 @@ def test_gen_kwargs_and_generation_only(harness):
     ("spec=fast", "unknown --spec 'fast'; choose from none, simsd, spiffy"),
     ("spec=none,gamma=2", "--gamma does nothing with --spec none"),
     ("dtype=fp8", "model_args dtype='fp8': choose from float32, bfloat16, float16"),
+    ("attention=math", "model_args attention='math': choose from flex, sdpa"),
     ("target=/nonexistent", "checkpoint directory /nonexistent does not exist"),
     ("batch_size=8", "batch size 8: sdar-spec decodes one request at a time"),
     ("chat=True", "sentencepiece tokenizer has no chat template"),

@@ -14,7 +14,7 @@ model registered: lm-eval knows only the model classes imported before it runs, 
 model_args are sample.py's flags with underscores, checked as sample.py checks them: target,
 drafter, spec, block_size, threshold, strategy, temperature, top_k, top_p, eb_threshold,
 gamma, verify, accept, gate, draft_threshold, draft_stop, lookahead, graph, draft_budget, stop_ids
-([2,5]), seed, device (over lm-eval's --device), dtype, compile, chat (the whole prompt as one
+([2,5]), seed, device (over lm-eval's --device), dtype, compile, attention (flex or sdpa), chat (the whole prompt as one
 user turn); max_new_tokens (256) for a request without max_gen_toks. A request's `until`
 strings end decoding after the block they appear in, and cut its text before the first one;
 its do_sample / temperature / top_k / top_p replace the model's (do_sample=False: greedy;
@@ -59,7 +59,8 @@ SETTINGS = dict(  # model_arg -> (type, default); None as in sample.py: that met
     verify=(str, None), accept=(str, None), gate=(float, None), draft_threshold=(float, None),
     draft_stop=(float, None), lookahead=(int, None), graph=(Path, None), draft_budget=(int, None),
     stop_ids=(tuple, None), reference=(str, None), lookup_n=(int, None),
-    seed=(int, 0), device=(str, None), dtype=(str, None), compile=(str, None), chat=(bool, False),
+    seed=(int, 0), device=(str, None), dtype=(str, None), compile=(str, None), attention=(str, None),
+    chat=(bool, False),
     max_new_tokens=(int, 256))
 GEN_KWARGS = dict(until=None, max_gen_toks=int, do_sample=bool, temperature=float, top_k=int, top_p=float)
 KINDS = {int: "an integer", float: "a number", bool: "True or False", tuple: "integers like [2,5]"}
@@ -107,7 +108,8 @@ class SDARSpec(LM):
         a = {k: convert("model_args", k, model_args.get(k, default), kind)
              for k, (kind, default) in SETTINGS.items()}
         a["device"] = a["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
-        for name, allowed in (("dtype", cli.DTYPES), ("compile", cli.COMPILE_MODES)):
+        for name, allowed in (("dtype", cli.DTYPES), ("compile", cli.COMPILE_MODES),
+                              ("attention", cli.ATTENTIONS)):
             if a[name] not in (None, *allowed):
                 raise ValueError(f"model_args {name}={a[name]!r}: choose from {', '.join(allowed)}")
         flags = dict(drafter=a["drafter"], gamma=a["gamma"], verifier=a["verify"], acceptance=a["accept"],
@@ -122,7 +124,8 @@ class SDARSpec(LM):
             a["spec"], a["target"], flags.pop("drafter"), a["block_size"], a["threshold"], a["strategy"],
             a["device"], a["dtype"], a["compile"], a["stop_ids"], a["graph"],
             dict(temperature=a["temperature"], top_k=a["top_k"], top_p=a["top_p"], eb_threshold=a["eb_threshold"]),
-            None, flags["verifier"], flags["reference"])
+            None, flags["verifier"], flags["reference"],
+            attention=cli.attention(a["attention"], a["device"], a["compile"]))
         if self.chat:   # a tokenizer with no chat format fails now, not at the first request
             self.tok.apply_chat_template("")
             if self.tok.chat_template is None:

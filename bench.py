@@ -11,22 +11,20 @@ compares it with `threshold`, the others with `plain`, one token a step):
   simsd-lossless  exact states, plain decoding's rule walked through them (must equal plain)
   simsd-trajectory, simsd-lookup   the same without a drafter (variants.py), and -paper: their
                   tokens on the temporal mask, accepted on agreement
-  spiffy+static   draft graphs from the target itself instead of a drafter (must equal plain)
-  none, simsd, spiffy   sample.py's --spec names: what that spec runs (SPECS)
+  spiffy+static   draft graphs from the target itself instead of a drafter (must equal plain);
+  none, simsd, spiffy: sample.py's --spec names, what that spec runs (SPECS)
 
 Per row: tokens/s and its ratio to `threshold` and `sdar` in this run, forwards per token,
 tokens per target forward (and its fraction of the limit B (1 + K), K the blocks a round can
 reach past its own), host syncs per target forward, accuracy, "same": the share of prompts
 whose output is its plain counterpart's, and "= eager", a compiled row's with its eager self.
 Prompts are interleaved, warm-up (compiling) is timed apart, wall time is the median over
---repeats; the JSON is saved after each block size; the last line is one JSON object. Exit
-status 1 if a lossless method or a compiled row changed a token in fp32 (in bf16 "same" and
-"= eager" are agreement rates).
+--repeats; the JSON is saved after each block size; the last line is one JSON object. Exit 1
+if a lossless method or a compiled row changed a token in fp32 (in bf16: agreement rates).
 
     python bench.py --block-size 4,8,32 --prompts 40 --repeats 2 --out docs/bench.json
     python bench.py --quick                # smoke test, < 60 s on 2 CPU cores
     python bench.py --compile both --block-size 4,8 --prompts 40   # eager and compiled rows, one run
-    python bench.py --compile drafter --methods threshold,simsd    # its drafter eager, then compiled
     python bench.py --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --data gsm8k.jsonl \\
         --device cuda --dtype bfloat16 --compile --chat
 """
@@ -278,8 +276,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
         cli.check_device(device, dtype)
         sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile, quick=quick, attention=cli.attention(attention, device, compile))
         return 0
-    simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead, lookup_n=lookup_n,
-                    draft_steps=draft_steps)
+    simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead, lookup_n=lookup_n, draft_steps=draft_steps)
     methods = [SPECS.get(m, m) for m in methods]     # rows under the names of what they run
     check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, drafter=drafter,
                sweep=sweep, ablate=ablate or None, draft_budget=draft_budget, **simsd_kw)

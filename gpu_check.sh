@@ -22,7 +22,7 @@
 #   bash gpu_check.sh                      # on a GPU
 #   PHASES=exact,summary bash gpu_check.sh # only the named phases, in the order above
 #   bash gpu_check.sh --dry-run            # the same phases on the CPU, in seconds: fp32, 1 prompt,
-#                                          # B = 4, the $DRY_PRESET shape (default tiny), no
+#                                          # B = 4, the $DRY_PRESET shape (default tiny-moe), no
 #                                          # torch.compile, no time boxes (the flow, not the speed)
 # PYTHON picks the interpreter (default: python); PHASE_LIMIT=S boxes every phase in S seconds
 # instead; ATTENTION=flex|sdpa gives every phase's decoding that --attention (default: the
@@ -62,7 +62,7 @@ mkdir -p "$out" 2>/dev/null && [ -w "$out" ] || die "cannot write to OUT=$out"
 methods=threshold,simsd-lossless+threshold,spiffy+threshold
 if [ $dry = 1 ]; then   # the flow, flags and parsing, not the figures: no GPU, no compiler
     export TORCH_COMPILE_DISABLE=1
-    shape=${DRY_PRESET:-tiny}
+    shape=${DRY_PRESET:-tiny-moe}
     dev=(--device cpu) boxed=0 exact=(--prompts 1 --max-new-tokens 8) bench=(--prompts 1 --max-new-tokens 8) sizes=4
     lockstep=(--configs eager-flex --block-size 4)   # flex needs torch.compile (on)
     costs=(--shapes $shape --rows 4,16 --cache-len 64 --iters 2 --dtype float32)

@@ -1,5 +1,5 @@
 """gpu_check.sh before a GPU ever runs it: its --dry-run goes through the same phases, in the
-same order, on the CPU (fp32, one prompt, the tiny preset, torch.compile disabled), so its
+same order, on the CPU (fp32, one prompt, the tiny-moe preset, torch.compile disabled), so its
 flow, flags and the summary it reads back from its own JSON files are tested here. The dry run
 has no time boxes (on a busy machine its phases take what they take); the time box itself is
 tested on a phase made to overrun. The subprocess timeout only stops a hung run: the dry run
@@ -26,7 +26,7 @@ def test_the_dry_run_goes_through_every_phase_and_summarises_its_files(tmp_path)
             if line.startswith("=== ") and ": exit 0 after" in line]
     assert done == PHASES
     assert run.stdout.rstrip().endswith("gpu_check: every phase passed")
-    for name in ("gpu_exact_fp32.json", "gpu_bench.json", "costs_tiny.json", "profile_tiny.txt"):
+    for name in ("gpu_exact_fp32.json", "gpu_bench.json", "costs_tiny-moe.json", "profile_tiny-moe.txt"):
         assert (tmp_path / name).stat().st_size > 0
     summary = run.stdout.split("=== summary (")[1]
     assert "B=4  spiffy+threshold " in summary and "1.00x threshold" in summary   # rows read back
@@ -34,10 +34,10 @@ def test_the_dry_run_goes_through_every_phase_and_summarises_its_files(tmp_path)
     assert summary.count("lossless ok: True") == 2 and summary.count("attention sdpa") == 2
     assert summary.count("100% = eager") == 6                  # 3 methods compiled, fp32 and bf16
     assert summary.count("= fp32 eager (1 prompts)") == 3      # bf16 eager against fp32 eager
-    costs = json.loads((tmp_path / "costs_tiny.json").read_text())
+    costs = json.loads((tmp_path / "costs_tiny-moe.json").read_text())
     assert [r["rows"] for r in costs["rows"]] == [4, 16] and costs["sync_s"] > 0
     assert {"cache_len", "dtype", "device", "torch", "floor_s"} <= set(costs)
-    assert "costs tiny (cpu, torch " in summary and "tiny, 4 rows, cache 64" in summary   # profile
+    assert "costs tiny-moe (cpu, torch " in summary and "tiny-moe, 4 rows, cache 64" in summary   # profile
     lockstep = (tmp_path / "gpu_lockstep.txt").read_text()
     assert "eager-flex: " in lockstep and " 0 differ" in lockstep
     assert "8 of 8 decoders write eager's tokens" in lockstep
@@ -115,12 +115,12 @@ def test_the_cost_sweep_smoke_writes_one_json_a_shape(tmp_path, capsys):
     the sync's cost and what a cost table needs; --profile: the forward by op."""
     from tools import gpu_costs
     gpu_costs.main(gpu_costs.SMOKE.split() + ["--out", str(tmp_path)])
-    c = json.loads((tmp_path / "costs_tiny.json").read_text())
+    c = json.loads((tmp_path / "costs_tiny-moe.json").read_text())
     assert [r["rows"] for r in c["rows"]] == [4, 16] and all(r["seconds"] > 0 for r in c["rows"])
     assert (c["cache_len"], c["dtype"], c["device"], c["attention"]) == (64, "float32", "cpu", "sdpa")
     assert c["sync_s"] > 0 and c["floor_s"] == c["weight_bytes"] / c["bandwidth_bytes_s"]
     gpu_costs.main(gpu_costs.SMOKE.split() + ["--out", str(tmp_path), "--profile", "--attention", "flex"])
-    profile = (tmp_path / "profile_tiny.txt").read_text()
+    profile = (tmp_path / "profile_tiny-moe.txt").read_text()
     assert profile.startswith("tiny, 4 rows, cache 64, float32, cpu") and "flex" in profile.splitlines()[0]
     assert "aten::mm" in profile
 

@@ -113,7 +113,7 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
 
 
 def drafted_states(front, d, ahead, stops, mask_id, every=True):
-    """A Draft's states as verify.Guesses (an example: docs/design.md, section 6): the open block, its
+    """A Draft's states as verify.Guesses (drawn: docs/design.md, section 6): the open block, its
     state after each draft (every) or drafter step, a later block's after the block before's
     complete copy, and after a complete last one with no stop id, if `ahead` allows, the next's."""
     B, state, block, follows, odds = len(front.host), list(front.host), 0, -1, 1.0

@@ -17,7 +17,7 @@ from decode import Advance, Frontier, packed_rows, to_device, to_host
 
 @dataclass
 class Guesses:
-    """A round's copies, as verify_copies and walk take them (an example: docs/design.md, section 6)."""
+    """A round's copies, as verify_copies and walk take them (drawn: docs/design.md, section 6)."""
     copies: torch.Tensor   # (n, B) block states; copies[0] is the open block itself
     n_masked: list         # each copy's number of masked positions (host ints)
     after: list = None     # None: all of the open block; else -1, or the complete copy it follows

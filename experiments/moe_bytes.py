@@ -21,10 +21,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from loading import util  # noqa: E402
 from measure.sol import EXPERTS_HIT_128_8, forward_bytes  # noqa: E402
 from model import ModelConfig, SparseMLP, Transformer  # noqa: E402
 
-SMOKE = "--measure --seeds 1 --layers 1"
+SMOKE = "--measure --seeds 1 --layers 1 --rows 1,4,16"
+SMOKE_OUTPUT = r"16 rows: +[\d.]+ experts of 128[\s\S]*\| 256 \| [\d.]+ \| [\d.]+ \| 16\.4 \|"
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GPUS = {"H100": 3.35e12, "H200": 4.8e12}
 MASK = 3
@@ -78,10 +80,10 @@ def random_rows(n_rows, g, prompt=8):
     return idx, keep
 
 
-def measure(seeds, layers):
+def measure(seeds, layers, row_counts=ROWS):
     """{rows: (distinct experts, copy-shaped rows; the same, random rows)}, means over seeds."""
     out, models = {}, [random_moe(seed, layers) for seed in range(seeds)]
-    for rows in ROWS:
+    for rows in row_counts:
         a = b = 0.0
         for seed, model in enumerate(models):
             g = torch.Generator().manual_seed(seed)
@@ -105,19 +107,21 @@ def table():
         print(f"| {rows} | {moe / 1e9:.1f} | {moe_random / 1e9:.1f} | {dense / 1e9:.1f} | {times} |")
 
 
-def main(do_measure=False, seeds=3, layers=4):
+def main(do_measure=False, seeds=3, layers=4, rows=ROWS):
     if do_measure:
         print(f"distinct experts a sparse layer reads ({seeds} seeds, {layers} layers):")
-        got = measure(seeds, layers)
+        got = measure(seeds, layers, rows)
         print("EXPERTS_HIT_128_8 = {" + ", ".join(f"{r}: {a:.1f}" for r, (a, _) in got.items()) + "}")
     print(f"sol.EXPERTS_HIT_128_8 (used below): {EXPERTS_HIT_128_8}")
     table()
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--measure", action="store_true", help="measure the expert counts too")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="query rows to measure at")
     a = ap.parse_args()
-    main(do_measure=a.measure, seeds=a.seeds, layers=a.layers)
+    util.run(lambda: main(do_measure=a.measure, seeds=a.seeds, layers=a.layers,
+                          rows=util.int_list(a.rows, "--rows")))

@@ -21,7 +21,7 @@ from measure import costs  # noqa: E402
 from measure.sol import make  # noqa: E402
 
 SMOKE = "--target {target} --block-size 4 --device cpu --repeats 1"
-SMOKE_OUTPUT = r"cost_b4_float32_.*\.json: 1: \d+\.\d\d ms, 2: "
+SMOKE_OUTPUT = r"cost_b4_float32_.*\.json: 4 rows \d+\.\d\d ms, 8 rows "
 
 
 def main(target="models/target", block_sizes=(4, 8, 32), device="cpu", dtype="float32", repeats=5,

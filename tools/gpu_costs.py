@@ -33,6 +33,7 @@ from loading.checkpoint import PRESETS  # noqa: E402
 from measure.sol import bandwidth, make, timer  # noqa: E402
 
 SMOKE = "--shapes tiny --rows 4,16 --cache-len 64 --iters 2 --device cpu --dtype float32 --compile none"
+SMOKE_OUTPUT = r"tiny +16 rows, cache 64: +[\d.]+ ms[\s\S]*one host sync [\d.]+ us"
 COMPILES = ("static", "none")
 
 

@@ -12,7 +12,9 @@ from verify import lineage
 
 class Counts:
     """Rounds counted by kind: ("steps", n) walked, ("copies", n) verified, ("accepted", k)
-    drafts, ("end", why) the round ended, and "blocks_ahead" finished past the open one."""
+    drafts, ("end", why) the round ended, "blocks_ahead" finished past the open one, and per
+    copy rank r the reach the cut saw summed, ("reach", r), and the rounds the walk visited
+    that copy, ("walked", r) (reach_check)."""
 
     def __init__(self):
         self.n = Counter()
@@ -23,6 +25,10 @@ class Counts:
         self.n["steps", len(w.path)] += 1
         self.n["copies", len(g.n_masked) - 1] += 1
         self.n["blocks_ahead"] += len(w.crossed)
+        if g.reach is not None:
+            for r, seen in enumerate(walked(g, w)[1:], 1):
+                self.n["reach", r] += g.reach[r]
+                self.n["walked", r] += seen
         if g.drafted is not None:
             depth = lineage(g.after)[0] if g.after else [0] * len(g.n_masked)
             ended = [c for c, s in enumerate(w.copies) if s == w.host and depth[c] == len(w.crossed)]
@@ -42,7 +48,29 @@ class Counts:
     def summary(self):
         return dict(accept_hist=self.hist("accepted"), round_ends=self.hist("end"),
                     steps_per_forward=self.hist("steps"), nodes_per_forward=self.hist("copies"),
-                    blocks_ahead=self.n["blocks_ahead"])
+                    blocks_ahead=self.n["blocks_ahead"], reach_by_rank=self.hist("reach"),
+                    walked_by_rank=self.hist("walked"))
+
+
+def walked(g, w):
+    """Per copy of Guesses g, whether Walk w visited it; a next block's first copy (all masks)
+    counts when its complete parent was visited: the walk enters it through that parent."""
+    n, seen = len(g.n_masked), {0, *w.visited}
+    after = g.after or [-1] * n
+    return [c in seen or (after[c] in seen and g.n_masked[c] == g.copies.shape[1]) for c in range(n)]
+
+
+def reach_check(reach, walked, least=10, within=1.5):
+    """Summed reach against copies walked ({rank: total}, Counts' reach_by_rank and
+    walked_by_rank): -> (the ratio farthest from 1 of the ranks with walked + reach >= least,
+    the ranks whose ratio is beyond `within` either way). A walked count of 0 is infinitely
+    far (a ratio of inf)."""
+    ratios = {r: reach[r] / walked.get(r, 0) if walked.get(r) else float("inf")
+              for r in reach if reach[r] + walked.get(r, 0) >= least}
+    ratios |= {r: 0.0 for r in walked if r not in reach and walked[r] >= least}
+    far = lambda x: max(x, 1 / x) if x else float("inf")   # noqa: E731
+    worst = max(ratios.values(), key=far, default=float("nan"))
+    return worst, sorted(r for r, x in ratios.items() if far(x) > within)
 
 
 def counting(decoder):

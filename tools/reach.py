@@ -47,6 +47,12 @@ def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=Non
     return reach_by, walked_by
 
 
+def shown(path):
+    """path from the repository root where it is inside it (no machine's own folders)."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def main(target=cli.DEFAULT_TARGET, drafter=cli.DEFAULT_DRAFTER, block_sizes=(4, 8, 32),
          methods=("spiffy", "simsd", "simsd-trajectory"), threshold=cli.THRESHOLD, n_problems=50,
          max_new_tokens=64, out=None):
@@ -69,7 +75,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=cli.DEFAULT_DRAFTER, block_sizes=(4,
             ranks = range(1, max([*reach_by, 0]) + 1)
             t = reach.table(m, rule, [reach_by.get(r, 0.0) for r in ranks], [walked_by.get(r, 0) for r in ranks],
                             problems=f"train 0..{n_problems - 1}", max_new_tokens=max_new_tokens,
-                            date=date.today().isoformat(), target=str(target))
+                            date=date.today().isoformat(), target=shown(target))
             path = reach.table_path(out, m, rule)
             with util.atomic_write(path) as tmp:
                 tmp.write_text(json.dumps(t) + "\n")

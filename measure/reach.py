@@ -11,7 +11,8 @@ The format, one JSON object a file:
     rule        spiffy.graph_rule's key and the temperature: a table is used only for them
     reach, walked   per copy rank 1, 2, ...: raw reach summed, and the rounds the walk visited
                 it (a next block's first copy: when the walk visited its complete parent)
-    scale       per rank, (walked + 1) / (reach + 1): near 1 where little was counted
+    scale       per rank, (walked + PRIOR x pooled) / (reach + PRIOR), pooled the ratio of all
+                ranks' sums: a rank counted little borrows the pooled ratio
     problems, max_new_tokens, date, target: from what
 """
 import json
@@ -39,10 +40,15 @@ def table_path(target_dir, method, rule):
     return Path(target_dir) / f"reach_b{rule.block_size}_{method}_{kind}{temp}.json"
 
 
+PRIOR = 5   # reach a rank's own count weighs against the pooled ratio's (rounds' worth)
+
+
 def scales(reach, walked):
-    """Per rank, the scale that makes the summed reach the walked count, shrunk toward 1 by
-    one round either side (a rank seen a few times is barely moved)."""
-    return [(w + 1) / (r + 1) for r, w in zip(reach, walked)]
+    """Per rank, the scale that makes the summed reach the walked count, shrunk toward the
+    ratio of all ranks pooled by PRIOR: a rank the walk rarely met (Spiffy's at B = 32: a few
+    visits in 40 problems) borrows the method's overall ratio instead of its own noise."""
+    pooled = (sum(walked) + 1) / (sum(reach) + 1)
+    return [(w + PRIOR * pooled) / (r + PRIOR) for r, w in zip(reach, walked)]
 
 
 def table(method, rule, reach, walked, **about):

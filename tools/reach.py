@@ -54,7 +54,7 @@ def shown(path):
 
 
 def main(target=cli.DEFAULT_TARGET, drafter=cli.DEFAULT_DRAFTER, block_sizes=(4, 8, 32),
-         methods=("spiffy", "simsd", "simsd-trajectory"), threshold=cli.THRESHOLD, n_problems=50,
+         methods=("spiffy", "simsd", "simsd-trajectory"), threshold=cli.THRESHOLD, n_problems=160,
          max_new_tokens=64, out=None):
     """A reach table per (method, block size) on the threshold rule at `threshold`, from the
     first n_problems training-split problems; every flag checked before the first table."""
@@ -91,7 +91,7 @@ def parse_args(argv=None):
     ap.add_argument("--methods", default="spiffy,simsd,simsd-trajectory",
                     help=f"comma-separated: {', '.join(reach.METHODS)}")
     ap.add_argument("--threshold", type=float, default=cli.THRESHOLD, help="the threshold rule's")
-    ap.add_argument("--problems", type=int, default=50, help="the first N training-split problems")
+    ap.add_argument("--problems", type=int, default=160, help="the first N training-split problems")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--out", default=None, help="the folder to write to (default: --target)")
     a = vars(ap.parse_args(argv))

@@ -38,8 +38,8 @@ from tqdm import tqdm
 import cli, fast
 from decode import STRATEGIES, generate
 from loading import util
-from measure import costs
-from measure.counts import counting
+from measure import costs, reach
+from measure.counts import counting, reach_check
 from measure.graphs import graphs_for
 from measure.sol import GPU_MODEL, modelled_gpu_cost, speed_of_light as sol
 from speculate import Settings
@@ -92,8 +92,8 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     seeded = lambda: torch.Generator(target.embed.weight.device).manual_seed(0)
     drafter = drafter if base in DRAFTED else None
     table = costs.named(simsd["cost"]) if "cost" in simsd else {}      # what the row says of it
-    if "cost" in simsd:   # the speed devices (fast.py): copies capped and sized
-        simsd["cut"] = fast.cutter(simsd.pop("cost"), simsd.get("max_rows"), B)
+    if "cost" in simsd:   # the speed devices (fast.py): copies capped, their reach calibrated, sized
+        simsd["cut"] = fast.cutter(simsd.pop("cost"), simsd.get("max_rows"), B, simsd.pop("scales")(base, rule))
     rows = simsd.pop("max_rows", None)
     if base in ("sdar", "plain"):
         run = lambda ids, n: generate(target, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
@@ -152,7 +152,7 @@ def summarize(stats, outs, tasks, tok, wall):
                 target_fwd_per_token=nfe / tokens, tokens_per_target_fwd=tokens / nfe,
                 draft_fwd_per_token=sum(s.get("nfe_draft", 0) for s in stats) / tokens,
                 target_rows_per_token=sum(T * n for T, n in rows.items()) / tokens,
-                syncs_per_target_fwd=syncs / nfe,
+                syncs_per_target_fwd=syncs / nfe, reach_vs_walked=reach_check(total("reach_by_rank"), total("walked_by_rank"))[0],
                 gpu_fwd_equiv_per_token=modelled_gpu_cost(rows, rows_draft, tokens, syncs),
                 mean_per_round=sum(k * v for k, v in hist.items()) / max(sum(hist.values()), 1),
                 accuracy=correct / len(tasks) if tasks[0][1] is not None else float("nan"), lookahead=max(s.get("lookahead", 0) for s in stats))
@@ -165,7 +165,7 @@ COLUMNS = [("method", "method", "{}"), ("B", "block_size", "{}"), ("tok/s", "tok
            ("mean/round", "mean_per_round", "{:.2f}"), ("accuracy", "accuracy", "{:.1%}"),
            ("same", "same_fraction", "{:.0%}"), ("= eager", "same_as_eager", "{:.0%}"),
            ("stopped", "stopped_fraction", "{:.0%}"),
-           ("rows/tok", "target_rows_per_token", "{:.1f}"), ("syncs/fwd", "syncs_per_target_fwd", "{:.1f}"),
+           ("reach/walked", "reach_vs_walked", "{:.2f}"), ("rows/tok", "target_rows_per_token", "{:.1f}"), ("syncs/fwd", "syncs_per_target_fwd", "{:.1f}"),
            ("GPU fwd/tok*", "gpu_fwd_equiv_per_token", "{:.3f}")]
 
 
@@ -202,15 +202,15 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
 
 
 def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, draft_budget, cost, max_rows,
-              tag="", **simsd):
+              scales, tag="", **simsd):
     """(row name, B) -> (method, runner): every method at every B; the gamma sweep and the
     ablations as rows of their own; `tag` ends every row's name (" compiled"). simsd: SimSD's
-    settings; cost: B -> (its cost model, in words); max_rows: B -> the row cap (cli.max_rows)."""
+    settings; cost: B -> (its cost model, in words); max_rows: B -> the row cap (cli.max_rows); scales: reach.finder's."""
     plan = {}
     for B, m in ((B, m) for B in block_sizes for m in methods):
         base = parse_method(m)[0]
         own = dict(draft_budget=draft_budget) if base == "spiffy" else simsd if base in SIMSD else {}
-        own = dict(own, cost=cost[B][0], max_rows=max_rows[B]) if base in (*SIMSD, "spiffy") and \
+        own = dict(own, cost=cost[B][0], max_rows=max_rows[B], scales=scales) if base in (*SIMSD, "spiffy") and \
             base not in TEMPORAL else own
         variants = {m: {}}
         if sweep in SWEPT and base in SIMSD and base not in SWEPT[sweep] and B == block_sizes[0]:
@@ -303,7 +303,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     notes += [f"B={B}: at most {n} rows of copies a verification" for B, n in rows_cap.items() if n]
     plan = {k: v for end, (t, d) in pairs.items() for k, v in plan_runs(
         [m for m in methods if end != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep,
-        ablate, strategy, draft_budget or DRAFT_BUDGET, cost, rows_cap, end,
+        ablate, strategy, draft_budget or DRAFT_BUDGET, cost, rows_cap, reach.finder(target, notes, {"simsd-lossless": "simsd"}), end,
         **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
     cli.warn(*dict.fromkeys(c.stale for c, _ in cost.values() if c))   # a table measured on other code
     head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__, attention=attention,

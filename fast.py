@@ -6,7 +6,8 @@ forwards (tests/test_fast.py).
 - walk: the verification walk with ONE host sync a round, for a rule whose step depends on
   nothing but the state and its logits (every copy is stepped at once); else verify.walk.
 - cutter: the copies a round verifies, cut to a row cap (a GPU's static buckets) and sized by
-  a cost table (costs.py): the prefix with the most expected steps a second.
+  a cost table (costs.py): the prefix with the most expected steps a second, each copy's
+  reach calibrated by a reach table (measure/reach.py).
 - compile_static: torch.compile with static shapes (CUDA graphs on CUDA): the queries padded
   to a power of two of rows, so each length compiles once.
 - compile_dynamic: torch.compile with dynamic shapes (the CPU's --compile): a graph a mask kind.
@@ -128,15 +129,30 @@ def sized(g, cost):
     return prefix(g, best[1])
 
 
-def cutter(cost=None, max_rows=None, block_size=None):
+def calibrated(g, scale):
+    """Guesses g with copy rank r's reach min(1, scale[r - 1] * raw reach), the last scale past
+    the table (measure/reach.py): what the walk is seen to visit, not what the proposer hopes."""
+    if g.reach is None or not scale:
+        return g
+    at = lambda r: scale[min(r, len(scale)) - 1]   # noqa: E731
+    reach = g.reach[:1] + [min(1.0, at(r) * x) for r, x in enumerate(g.reach[1:], 1)]
+    return Guesses(g.copies, g.n_masked, g.after, reach, g.drafted)
+
+
+def cutter(cost=None, max_rows=None, block_size=None, scale=None):
     """The decoders' `cut`: a round's copies cut to those max_rows query rows hold (None: no
-    cap), then sized by the cost table `cost` (None: not sized); None when neither."""
+    cap), their reach calibrated by `scale` (a reach table's; None: raw), then sized by the
+    cost table `cost` (None: not sized); None when none of them."""
     if max_rows is not None and max_rows < block_size:
         raise ValueError(f"--max-rows {max_rows} is below one block ({block_size} rows)")
     cap = None if max_rows is None else max_rows // block_size
-    if cost is None and cap is None:
+    if cost is None and cap is None and not scale:
         return None
-    return lambda g: sized(prefix(g, cap), cost) if cost else prefix(g, cap)
+
+    def cut(g):
+        g = calibrated(prefix(g, cap), scale)
+        return sized(g, cost) if cost else g
+    return cut
 
 
 def compile_static(model, **options):

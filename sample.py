@@ -24,7 +24,7 @@ import torch
 import cli, fast
 from decode import check_prompt, generate
 from loading import util
-from measure import costs, graphs
+from measure import costs, graphs, reach
 from measure.counts import counting
 from spiffy import spiffy_generate
 from variants import simsd
@@ -56,17 +56,18 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     cli.check_block_size(model, rule.block_size, "target")
     drf, (cost, cost_note) = None, costs.cost_model(target, model, rule.block_size, cost_table)
     rows = cli.max_rows(max_rows, device, compile, rule.block_size)
-    cost_note += f"; at most {rows} rows of copies a forward" if rows else ""
+    scale, reach_note = reach.find(target, reach.method_of(spec, reference), rule)   # the cut's reach
+    cost_note += (f"; at most {rows} rows of copies a forward" if rows else "") + f"; {reach_note}"
     if spec == "none":
         run = lambda ids, n, rule=rule, **kw: generate(model, ids, n, rule, **kw)
     elif spec == "simsd":
         drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype)
         run = partial(simsd, model, drf, rule=rule, reference=reference or "drafter", draft=fast.draft,
-                      walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size))
+                      walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size, scale))
     else:
         g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule)
         run = lambda ids, n, rule=rule, **kw: counting(spiffy_generate)(
-            model, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size), **kw)
+            model, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size, scale), **kw)
     cli.compile_models(model, drf, compile, attention)
     plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
     stale = None if plain or cost is None else cost.stale
@@ -124,8 +125,7 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
         shown.extend(new)
         print(tok.decode(shown)[len(before):], end="", flush=True)
 
-    if not as_json:
-        print(text, end="", flush=True)
+    print("" if as_json else text, end="", flush=True)
     out, stats = run(ids, max_new_tokens, generator=seeded(),
                      on_block=None if as_json else on_block, **kw)
     print("\n" + summary(spec, stats, rule, load_s, cost_note))

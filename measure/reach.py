@@ -1,0 +1,97 @@
+"""Reach tables: how far each proposer's reach (Guesses.reach, its guess that the walk visits
+a copy) is from the copies the walk visits, per copy rank, for one method, block size and
+rule; counted once with every copy verified on training-split problems (tools/reach.py) and
+saved next to the target's weights (like Spiffy's graphs and the cost tables). The cut
+(fast.cutter) reads the reach of copy rank r as min(1, scale[r] * raw reach): raw reach
+overstates the walk, most at B = 32 (docs/design.md), so the cut verified copies it then
+never walked. The proposers keep their raw reach; the reference never reads a table.
+
+The format, one JSON object a file:
+    method      spiffy, simsd (a drafter's drafts), simsd-trajectory or simsd-lookup
+    rule        spiffy.graph_rule's key and the temperature: a table is used only for them
+    reach, walked   per copy rank 1, 2, ...: raw reach summed, and the rounds the walk visited
+                it (a next block's first copy: when the walk visited its complete parent)
+    scale       per rank, (walked + PRIOR x pooled) / (reach + PRIOR), pooled the ratio of all
+                ranks' sums: a rank counted little borrows the pooled ratio
+    problems, max_new_tokens, date, target: from what
+"""
+import json
+from pathlib import Path
+
+from spiffy import graph_rule
+
+METHODS = ("spiffy", "simsd", "simsd-trajectory", "simsd-lookup")
+
+
+def rule_key(rule):
+    return dict(graph_rule(rule), temperature=rule.temperature)
+
+
+def method_of(spec, reference=None):
+    """The table's method of a command line's spec (simsd, spiffy) and SimSD's reference."""
+    return spec if spec != "simsd" or reference in (None, "drafter") else f"simsd-{reference}"
+
+
+def table_path(target_dir, method, rule):
+    """Where the reach table for `method` and `rule` lives: next to the target's weights."""
+    kind = {"low_confidence_static": "static", "low_confidence_dynamic": f"t{rule.threshold:g}",
+            "entropy_bounded": f"eb{rule.eb_threshold:g}"}.get(rule.strategy, rule.strategy)
+    temp = "" if not rule.temperature else f"_T{rule.temperature:g}"
+    return Path(target_dir) / f"reach_b{rule.block_size}_{method}_{kind}{temp}.json"
+
+
+PRIOR = 5   # reach a rank's own count weighs against the pooled ratio's (rounds' worth)
+
+
+def scales(reach, walked):
+    """Per rank, the scale that makes the summed reach the walked count, shrunk toward the
+    ratio of all ranks pooled by PRIOR: a rank the walk rarely met (Spiffy's at B = 32: a few
+    visits in 40 problems) borrows the method's overall ratio instead of its own noise."""
+    pooled = (sum(walked) + 1) / (sum(reach) + 1)
+    return [(w + PRIOR * pooled) / (r + PRIOR) for r, w in zip(reach, walked)]
+
+
+def table(method, rule, reach, walked, **about):
+    return dict(method=method, rule=rule_key(rule), reach=reach, walked=walked,
+                scale=scales(reach, walked), **about)
+
+
+def load(path, method, rule):
+    """The scale per rank in `path`, refused (one line) when it is for another method or rule."""
+    try:
+        t = json.loads(Path(path).read_text())
+        scale = t["scale"]
+        if not scale or not all(isinstance(s, (int, float)) and s >= 0 for s in scale):
+            raise ValueError
+    except OSError as e:
+        raise ValueError(f"reach table {path} cannot be read ({e.strerror})") from None
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"malformed reach table {path}: it needs method, rule and scale "
+                         "(a non-negative number per copy rank)") from None
+    for k, want in (("method", method), ("rule", rule_key(rule))):
+        if t.get(k) != want:
+            raise ValueError(f"reach table {path} was counted for {k} {t.get(k)!r}, not {want!r}")
+    return scale
+
+
+def find(target_dir, method, rule):
+    """The scale per rank next to the weights, if counted. -> (scale or None, in words)."""
+    path = table_path(target_dir, method, rule)
+    if not path.is_file():
+        return None, (f"raw reach (no {path.name}: python tools/reach.py --target {target_dir} "
+                      f"--methods {method} --block-size {rule.block_size})")
+    return load(path, method, rule), f"reach by {path.name}"
+
+
+def finder(target_dir, notes, alias=None):
+    """-> scales(method, rule): find's scale per rank for a method of METHODS (alias: another
+    name -> its method), else None; each table used or missing said once in `notes`."""
+    said = set()
+
+    def scales(method, rule):
+        method = (alias or {}).get(method, method)
+        scale, how = find(target_dir, method, rule) if method in METHODS else (None, None)
+        if how and how not in said:
+            said.add(how), notes.append(f"B={rule.block_size} {method}: {how}")
+        return scale
+    return scales

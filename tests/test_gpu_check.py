@@ -115,12 +115,12 @@ def test_the_cost_sweep_smoke_writes_one_json_a_shape(tmp_path, capsys):
     the sync's cost and what a cost table needs; --profile: the forward by op."""
     from tools import gpu_costs
     gpu_costs.main(gpu_costs.SMOKE.split() + ["--out", str(tmp_path)])
-    c = json.loads((tmp_path / "costs_tiny-moe.json").read_text())
+    c = json.loads((tmp_path / "costs_tiny.json").read_text())
     assert [r["rows"] for r in c["rows"]] == [4, 16] and all(r["seconds"] > 0 for r in c["rows"])
     assert (c["cache_len"], c["dtype"], c["device"], c["attention"]) == (64, "float32", "cpu", "sdpa")
     assert c["sync_s"] > 0 and c["floor_s"] == c["weight_bytes"] / c["bandwidth_bytes_s"]
     gpu_costs.main(gpu_costs.SMOKE.split() + ["--out", str(tmp_path), "--profile", "--attention", "flex"])
-    profile = (tmp_path / "profile_tiny-moe.txt").read_text()
+    profile = (tmp_path / "profile_tiny.txt").read_text()
     assert profile.startswith("tiny, 4 rows, cache 64, float32, cpu") and "flex" in profile.splitlines()[0]
     assert "aten::mm" in profile
 

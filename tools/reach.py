@@ -26,7 +26,8 @@ from spiffy import spiffy_generate  # noqa: E402
 from training.tasks import problems  # noqa: E402
 from variants import simsd  # noqa: E402
 
-SMOKE = "--block-size 4 --methods spiffy,simsd-trajectory --problems 2 --max-new-tokens 24"
+SMOKE = "--out {tmp} --block-size 4 --methods spiffy,simsd-trajectory --problems 2 --max-new-tokens 24"
+SMOKE_OUTPUT = r"reach_b4_simsd-trajectory_t0\.9\.json: raw reach / walked, worst rank [\w.]+; #1: [\d.]+/\d+"
 
 
 def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=None):

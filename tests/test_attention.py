@@ -45,10 +45,13 @@ def test_sample_eager_runs_the_kernel_asked_for_and_says_which(given, runs, caps
 
 @pytest.mark.parametrize("attention", ["flex", "sdpa"])
 def test_sample_compiled_is_checked_against_eager_on_the_same_kernel(attention, monkeypatch, capsys):
-    """--compile (inductor, dynamic shapes on the CPU): the warm-up's check decodes compiled,
-    then eager (cli.eager); the eager side runs the kernel asked for, and in fp32 a differing
-    token would have been an error."""
+    """--compile: the warm-up's check decodes compiled, then eager (cli.eager); the eager side
+    runs the kernel asked for, and in fp32 a differing token would have been an error. The plumbing
+    is what is tested here, so dynamo traces with aot_eager (a cold inductor build of flex took 126 s
+    of the suite); tests/test_inductor.py holds each kernel's compiled decoding to eager's under
+    inductor."""
     calls, eager = [], cli.eager
+    monkeypatch.setattr(fast, "compile_model", lambda m, how: fast.compile_dynamic(m, backend="aot_eager"))
 
     @contextmanager
     def eager_counted(*models):

@@ -69,8 +69,12 @@ def device_name(device):
 
 
 def model_shape(config):
-    return (f"{config.n_layer} layers, d {config.n_embd}, heads {config.n_head}/{config.n_kv_head} x "
-            f"{config.head_dim}, ffn {config.intermediate_size}, vocab {config.vocab_size}")
+    """The shape a table is for; a mixture of experts names its experts (a dense model's reads
+    every weight, an MoE's only the experts routed to: another cost at the same dimensions)."""
+    c = config
+    experts = f", experts {c.n_experts}/{c.top_k} x {c.moe_intermediate_size}" if c.n_experts else ""
+    return (f"{c.n_layer} layers, d {c.n_embd}, heads {c.n_head}/{c.n_kv_head} x {c.head_dim}, "
+            f"ffn {c.intermediate_size}, vocab {c.vocab_size}{experts}")
 
 
 def key(model, B):

@@ -42,11 +42,15 @@ def calibrate_command(target_dir, rule):
             + extra.get(rule.strategy, f" --strategy {rule.strategy}"))
 
 
+def rule_kind(rule):
+    """The rule in a file name: static, t0.9 (the threshold rule), eb0.5, or the strategy."""
+    return {"low_confidence_static": "static", "low_confidence_dynamic": f"t{rule.threshold:g}",
+            "entropy_bounded": f"eb{rule.eb_threshold:g}"}.get(rule.strategy, rule.strategy)
+
+
 def graph_path(target_dir, rule):
     """Where the graph calibrated for `rule` lives: next to the target's weights."""
-    kind = {"low_confidence_static": "static", "low_confidence_dynamic": f"t{rule.threshold:g}",
-            "entropy_bounded": f"eb{rule.eb_threshold:g}"}.get(rule.strategy, rule.strategy)
-    return Path(target_dir) / f"spiffy_graph_b{rule.block_size}_{kind}.json"
+    return Path(target_dir) / f"spiffy_graph_b{rule.block_size}_{rule_kind(rule)}.json"
 
 
 def graphs_for(target_dir, target, calib_prompts, note):

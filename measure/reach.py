@@ -18,6 +18,7 @@ The format, one JSON object a file:
 import json
 from pathlib import Path
 
+from measure.graphs import rule_kind
 from spiffy import graph_rule
 
 METHODS = ("spiffy", "simsd", "simsd-trajectory", "simsd-lookup")
@@ -34,10 +35,8 @@ def method_of(spec, reference=None):
 
 def table_path(target_dir, method, rule):
     """Where the reach table for `method` and `rule` lives: next to the target's weights."""
-    kind = {"low_confidence_static": "static", "low_confidence_dynamic": f"t{rule.threshold:g}",
-            "entropy_bounded": f"eb{rule.eb_threshold:g}"}.get(rule.strategy, rule.strategy)
     temp = "" if not rule.temperature else f"_T{rule.temperature:g}"
-    return Path(target_dir) / f"reach_b{rule.block_size}_{method}_{kind}{temp}.json"
+    return Path(target_dir) / f"reach_b{rule.block_size}_{method}_{rule_kind(rule)}{temp}.json"
 
 
 PRIOR = 5   # reach a rank's own count weighs against the pooled ratio's (rounds' worth)
@@ -84,14 +83,14 @@ def find(target_dir, method, rule):
 
 
 def finder(target_dir, notes, alias=None):
-    """-> scales(method, rule): find's scale per rank for a method of METHODS (alias: another
+    """-> scale_for(method, rule): find's scale per rank for a method of METHODS (alias: another
     name -> its method), else None; each table used or missing said once in `notes`."""
     said = set()
 
-    def scales(method, rule):
+    def scale_for(method, rule):
         method = (alias or {}).get(method, method)
         scale, how = find(target_dir, method, rule) if method in METHODS else (None, None)
         if how and how not in said:
             said.add(how), notes.append(f"B={rule.block_size} {method}: {how}")
         return scale
-    return scales
+    return scale_for

@@ -300,3 +300,12 @@ def test_a_bench_row_names_its_table_and_whether_it_is_stale(steep_table, stale_
             assert (rows[m]["cost_table"], rows[m]["cost_table_stale"]) == (table, stale)
         assert "cost_table" not in rows["threshold"]                # plain decoding sizes nothing
         assert out.err.count("warning: cost table") == stale
+
+
+def test_a_mixture_of_experts_is_another_shape_than_the_dense_model_of_its_dimensions():
+    """An MoE forward reads only the experts its rows route to: a dense model's table (same
+    layers, widths and vocabulary) must not price it."""
+    from model import ModelConfig
+    dense = dict(n_layer=2, n_embd=64, n_head=4, n_kv_head=2, head_dim=16, intermediate_size=128)
+    assert costs.model_shape(ModelConfig(**dense)) != costs.model_shape(
+        ModelConfig(**dense, n_experts=8, top_k=2, moe_intermediate_size=64))

@@ -132,8 +132,8 @@ def sparse_mlp(seed, E=8, k=2, norm=True):
 def test_a_rows_output_is_independent_of_the_other_rows_to_the_bit(k):
     """The copies forward relies on it: each subset of the rows gives the rows' bits of the whole,
     in either form (by_expert, by_row: gpt-fast's gathered form, which compiling uses). Subsets
-    of 4 rows or more, as every forward has (a block): below 4 rows the router's F.linear takes
-    another CPU kernel, whose bits differ (the dense model's projections do the same)."""
+    of 2 rows or more, as every forward has (a block): for one row the router's F.linear takes
+    another CPU kernel (a matrix-vector product), whose bits differ."""
     seed = SEED + k
     mlp = sparse_mlp(seed, k=k)
     g = torch.Generator().manual_seed(seed)
@@ -147,7 +147,7 @@ def test_a_rows_output_is_independent_of_the_other_rows_to_the_bit(k):
         e, order = e.sort(-1)
         w = w.gather(-1, order)
         assert torch.equal(mlp.by_row(flat, e, w), whole), f"seed {seed}: the forms differ"
-        for n in (4, 5, 8, 17):
+        for n in (2, 3, 4, 5, 17):
             rows = torch.randperm(97, generator=g)[:n].sort().values
             assert torch.equal(mlp(x[:, rows])[0], whole[rows]), f"seed {seed}: rows {rows}"
             assert torch.equal(mlp.by_row(flat[rows], e[rows], w[rows]), whole[rows])

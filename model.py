@@ -72,9 +72,10 @@ class KVCache(nn.Module):
 
     def update(self, start, k, v):
         """Write k, v (b, n_kv, T, hd) at rows [start, start + T); -> the keys and values to
-        attend to: rows [0, start + T), or all when start is a device tensor (static shapes)."""
+        attend to: rows [0, start + T), or all when start is a device tensor (static shapes: a
+        row, or each query's own: serve/batch.py)."""
         if torch.is_tensor(start):
-            rows = start + torch.arange(k.shape[2], device=k.device)
+            rows = start + torch.arange(k.shape[2], device=k.device) if start.dim() == 0 else start
             self.k.index_copy_(2, rows, k)
             self.v.index_copy_(2, rows, v)
             return self.k, self.v
@@ -100,21 +101,20 @@ class Attention(nn.Module):
         k = self.k_norm(self.wk(x).view(b, T, self.n_kv_head, self.head_dim)).transpose(1, 2)
         v = self.wv(x).view(b, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)  # (b, nh, T, hd), (b, nkv, T, hd)
-        if start is not None:
-            if self.cache is None:
-                raise ValueError("a cached forward (start given) needs model.setup_cache first")
-            k, v = self.cache.update(start, k, v)     # (b, nkv, start + T, hd)
-        if isinstance(mask, BlockMask):
-            options = flex_kernel_options(T, self.n_head // self.n_kv_head) if q.is_cuda else None
-            y = flex_attention(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=options)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        return self.wo(y.transpose(1, 2).reshape(b, T, -1))
+        k, v = (k, v) if start is None else self.cache.update(start, k, v)   # (b, nkv, start+T, hd)
+        y, group = [], self.n_head // self.n_kv_head   # a list of masks: requests packed (serve/),
+        for rows, keys, m in mask if isinstance(mask, list) else [(slice(None), slice(None), mask)]:
+            qkv = q[:, :, rows], k[:, :, keys], v[:, :, keys]      # each its rows, keys and mask
+            if isinstance(m, BlockMask):
+                opts = flex_kernel_options(qkv[0].shape[2], group) if q.is_cuda else None
+                y.append(flex_attention(*qkv, block_mask=m, enable_gqa=True, kernel_options=opts))
+            else:
+                y.append(F.scaled_dot_product_attention(*qkv, attn_mask=m, enable_gqa=True))
+        return self.wo(torch.cat(y, dim=2).transpose(1, 2).reshape(b, T, -1))
 
 
 def flex_kernel_options(rows, group):
-    """Under 128 query rows inductor picks flex decoding, whose tile of next_pow2(rows x group)
-    rows (group: query heads a KV head) fails to compile past 128 (torch 2.13): the main kernel."""
+    """Flex decoding (< 128 query rows), tiled next_pow2(rows x group), fails past 128 (2.13)."""
     return {"FORCE_USE_FLEX_ATTENTION": True} if rows < 128 and rows * group > 128 else None
 
 

@@ -17,8 +17,6 @@ The calls from here to SimSD's first verification: docs/design.md, section 7.
 import argparse
 import json
 import time
-from functools import partial
-
 import torch
 
 import cli, fast
@@ -26,6 +24,7 @@ from decode import check_prompt, generate
 from loading import util
 from measure import costs, graphs, reach
 from measure.counts import counting
+from serve.batch import decode_all as batch_decode
 from spiffy import spiffy_generate
 from variants import simsd
 
@@ -58,16 +57,18 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     rows = cli.max_rows(max_rows, device, compile, rule.block_size)
     scale, reach_note = reach.find(target, reach.method_of(spec, reference), rule)   # the cut's reach
     cost_note += (f"; at most {rows} rows of copies a forward" if rows else "") + f"; {reach_note}"
+    # run(ids, n, **kw) decodes with `model` and `drf`, or the stand-ins serve.batch gives (t, d)
     if spec == "none":
-        run = lambda ids, n, rule=rule, **kw: generate(model, ids, n, rule, **kw)
+        run = lambda ids, n, t=model, d=None, rule=rule, **kw: generate(t, ids, n, rule, **kw)
     elif spec == "simsd":
         drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype)
-        run = partial(simsd, model, drf, rule=rule, reference=reference or "drafter", draft=fast.draft,
-                      walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size, scale))
+        run = lambda ids, n, t=model, d=drf, rule=rule, **kw: simsd(t, d, ids, n, **{**dict(
+            rule=rule, reference=reference or "drafter", draft=fast.draft, walk=fast.walk,
+            cut=fast.cutter(cost, rows, rule.block_size, scale)), **kw})
     else:
         g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule)
-        run = lambda ids, n, rule=rule, **kw: counting(spiffy_generate)(
-            model, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size, scale), **kw)
+        run = lambda ids, n, t=model, d=None, rule=rule, **kw: counting(spiffy_generate)(
+            t, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size, scale), **kw)
     cli.compile_models(model, drf, compile, attention)
     plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
     stale = None if plain or cost is None else cost.stale
@@ -90,7 +91,7 @@ def summary(spec, stats, rule, load_s, cost_note=None):
     return s + (f", copies sized by {cost_note}" if cost_note else "")
 
 
-def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
+def main(spec="simsd", prompt=None, target=cli.DEFAULT_TARGET, prompts_file=None, batch=1,
          block_size=None, threshold=None, strategy=None, max_new_tokens=64, seed=0, device="cpu",
          dtype=None, compile=False, attention=None, chat=False, as_json=False, stop_ids=None, graph=None,
          temperature=0.0, top_k=None, top_p=None, eb_threshold=cli.EB_THRESHOLD, **method):
@@ -101,16 +102,19 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
         raise TypeError(f"unknown setting(s) {', '.join(method)}")
     check_args(spec, device, block_size, max_new_tokens, threshold, temperature, top_k, top_p,
                eb_threshold, graph, flags, dtype)
+    texts = read_prompts(prompt, prompts_file, batch)
     t0 = time.perf_counter()
     model, tok, rule, run, cost_note, warm, stale = prepare(
         spec, target, flags.pop("drafter"), block_size, threshold, strategy, device, dtype, compile,
         stop_ids, graph, dict(temperature=temperature, top_k=top_k, top_p=top_p, eb_threshold=eb_threshold),
         flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"), cli.attention(attention, device, compile))
-    text = tok.apply_chat_template(prompt) if chat else prompt
-    ids = tok.encode(text)
-    check_prompt(ids, model.config, max_new_tokens)
+    texts, prompts = encoded(tok, texts, chat, model.config, max_new_tokens, prompts_file)
     cli.warn(chat and tok.chat_template is None and f"note: {target} has no chat_template; the prompt is in ChatML", stale)
     kw = {k: v for k, v in flags.items() if v is not None}
+    if prompts_file is not None:
+        return many(run, prompts, tok, (warm["target"], warm["drafter"]), batch, seed,
+                    max_new_tokens, compile, as_json, t0, kw)
+    text, ids = texts[0], prompts[0]
     seeded = lambda: torch.Generator(device=device).manual_seed(seed)   # noqa: E731
     decode = lambda n: run(ids, n, generator=seeded(), **kw)[0]          # noqa: E731
     if compile:   # every graph built, and the tokens checked against eager's, before the timing
@@ -137,13 +141,71 @@ def main(spec="simsd", prompt=DEFAULT_PROMPT, target=cli.DEFAULT_TARGET,
     return out, stats
 
 
+def read_prompts(prompt, prompts_file, batch):
+    """The prompts' texts: --prompt's (default DEFAULT_PROMPT), or each line's "question" in
+    --prompts-file, checked with --batch before any model is loaded."""
+    util.check_positive(batch=batch)
+    if prompt is not None and prompts_file is not None:
+        raise ValueError("--prompt and --prompts-file: give one of them")
+    if prompts_file is None:
+        return [DEFAULT_PROMPT if prompt is None else prompt]
+    texts = [r["question"] for _, r in util.read_prompts(prompts_file, "--prompts-file")]
+    if not texts:
+        raise ValueError(f"--prompts-file {prompts_file} holds no prompts")
+    return texts
+
+
+def encoded(tok, texts, chat, config, max_new_tokens, prompts_file):
+    """-> (the texts, in the chat template with --chat, their ids), each prompt checked before
+    any is decoded (a prompt too long for the context: an error naming it)."""
+    texts = [tok.apply_chat_template(t) if chat else t for t in texts]
+    for k, text in enumerate(texts):
+        try:
+            check_prompt(tok.encode(text), config, max_new_tokens)
+        except ValueError as e:
+            raise ValueError(f"prompt {k} of {prompts_file}: {e}" if prompts_file else e) from None
+    return texts, [tok.encode(t) for t in texts]
+
+
+def many(run, prompts, tok, models, batch, seed, max_new_tokens, compile, as_json, t0, kw):
+    """--prompts-file: every prompt decoded `batch` at a time (serve/batch.py), prompt i as
+    `--prompt <it> --seed <seed + i>` alone decodes it; printed in the file's order, then a
+    summary of them all (with --json, a JSON object a prompt, then the summary's)."""
+    device = models[0].embed.weight.device
+
+    def decode(n, prompts=prompts):
+        return batch_decode(lambda i, ids, t, d: run(ids, n, t, d, generator=torch.Generator(
+            device=device).manual_seed(seed + i), **kw), prompts, models, batch)
+    if compile:   # batched compiled == batched eager on the first `batch` prompts, then timing
+        cli.check_compiled(lambda: [x for out, _ in decode(max_new_tokens, prompts[:batch])[0] for x in out], *models)
+    else:
+        decode(4, prompts[:batch])
+    load_s, t1 = time.perf_counter() - t0, time.perf_counter()
+    results, pools = decode(max_new_tokens)
+    seconds, tokens = time.perf_counter() - t1, sum(len(out) for out, _ in results)
+    for i, (out, st) in enumerate(results):
+        counts = dict(tokens=st["tokens"], stop=st["stop"], nfe_target=st["nfe"], nfe_draft=st.get("nfe_draft", 0))
+        print(json.dumps(dict(prompt=i, text=tok.decode(out), token_ids=out, **counts)) if as_json else
+              f"=== prompt {i}: {tok.decode(prompts[i])}{tok.decode(out)}\n--- {counts}")
+    fwd, rows = pools[0].forwards, sum(T * n for T, n in pools[0].query_rows.items())
+    total = dict(prompts=len(prompts), batch=batch, tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds,
+                 target_forwards=fwd, target_rows_per_forward=rows / fwd, load_s=load_s,
+                 drafter_forwards=pools[1].forwards if pools[1] else 0)
+    print(json.dumps(total) if as_json else f"--- {len(prompts)} prompts, {tokens} tokens in {seconds:.2f} s "
+          f"({tokens / seconds:.1f} tok/s in all; loading and warm-up {load_s:.1f} s more), batch {batch}: {fwd} "
+          f"target forwards ({tokens / fwd:.2f} tokens, {rows / fwd:.1f} query rows a forward)")
+    return results, total
+
+
 def parse_args(argv=None):
     ap = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", default="simsd", choices=SPECS,
                     help="none = plain decoding, simsd = a drafter's drafts, spiffy = the target's own "
                          "(default simsd)")
-    ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue (default: a "
-                    "held-out word problem)")
+    ap.add_argument("--prompt", default=None, help="the text to continue (default: a held-out word problem)")
+    ap.add_argument("--prompts-file", default=None, help="JSONL, a \"question\" a line: decode them all, "
+                    "--batch at a time, each as it decodes alone with --seed + its line's index")
+    ap.add_argument("--batch", type=int, default=1, help="--prompts-file: prompts decoded together (default 1)")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="the most tokens to add")
     ap.add_argument("--block-size", type=int, default=None, help="B (default: the target's)")
     for flags in (cli.model_flags, cli.rule_flags, cli.simsd_flags, cli.spiffy_flags):

@@ -1,0 +1,142 @@
+"""Many prompts decoded together (serve/batch.py) write exactly what each writes alone.
+
+Every decoder the command lines compose (sample.prepare), at B = 4, 8 and 32, greedy and
+sampled, on prompts cut at random lengths, more prompts than slots: each request's tokens and
+counts equal its solo run's, request i seeded with seed + i. Each decoder's test also shows it
+exercised what matters (slots reused, rounds that took more than one step), so it cannot pass
+vacuously. Below that, the property it rests on: a row's logits in a packed forward are its
+solo forward's, bit for bit on the CPU, and a planted row-dependent perturbation is caught."""
+import json
+import random
+
+import pytest
+import torch
+
+import sample
+from cli import DEFAULT_TARGET
+from decode import Session, packed_rows
+from serve.batch import decode_all
+from loading.tokenizer import load_tokenizer
+
+TEXT = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. How much does "
+        "Max have now?\nAnswer: 4 * 4 = 16. 16 + 2 = 18. The answer is 18.\n\nROMEO:\nBut soft, "
+        "what light through yonder window breaks? It is the east, and Juliet is the sun.\n")
+DECODERS = {  # name -> (sample.py's --spec, the method's flags)
+    "threshold": ("none", {}),
+    "simsd": ("simsd", {}),
+    "simsd-temporal": ("simsd", dict(verifier="temporal", acceptance="paper")),
+    "simsd-trajectory": ("simsd", dict(reference="trajectory")),
+    "simsd-lookup": ("simsd", dict(reference="lookup")),
+    "spiffy": ("spiffy", {}),
+}
+
+
+def prompts(rng, tok, n):
+    ids = tok.encode(TEXT)
+    out = []
+    for _ in range(n):
+        length = rng.randint(1, 48)
+        start = rng.randint(0, len(ids) - length)
+        out.append(ids[start:start + length])
+    return out
+
+
+def prepared(spec, B, temperature, flags, strategy=None):
+    reference, verifier = flags.get("reference"), flags.get("verifier")
+    _, tok, rule, run, *_ = sample.prepare(spec, DEFAULT_TARGET, None, B, None, strategy, "cpu", None, False, None,
+                                           None, dict(temperature=temperature), None, verifier, reference)
+    return tok, run, {k: v for k, v in flags.items()}
+
+
+def multistep(stats):
+    """Rounds that took more than one step: walked through copies, or accepted drafts."""
+    return sum(n for k, n in stats.get("steps_per_forward", {}).items() if k > 1) + \
+        sum(n for k, n in stats.get("accept_hist", {}).items() if k > 0)
+
+
+@pytest.mark.parametrize("name", list(DECODERS))
+def test_batched_equals_alone_for_every_decoder(name):
+    spec, flags = DECODERS[name]
+    rng, reused, steps, compared = random.Random(f"batch-{name}"), 0, 0, 0
+    for B in (4, 8, 32):
+        for temperature in (0.0, 0.8):
+            strategy = rng.choice([None, None, "low_confidence_static", "entropy_bounded"]) if spec == "none" else None
+            tok, run, kw = prepared(spec, B, temperature, flags, strategy)
+            slots, seed, n = rng.randint(1, 3), rng.randint(0, 99), rng.randint(1, 24)
+            ps = prompts(rng, tok, slots + rng.randint(1, 2))
+            alone = [run(p, n, generator=torch.Generator().manual_seed(seed + i), **kw) for i, p in enumerate(ps)]
+            together, pools = decode_all(lambda i, p, t, d: run(p, n, t, d, generator=torch.Generator().manual_seed(
+                seed + i), **kw), ps, pools_of(run), slots)
+            for i, ((a, sa), (b, sb)) in enumerate(zip(alone, together)):
+                assert a == b, f"{name} B={B} T={temperature} prompt {i} of {len(ps)}, {slots} slots"
+                assert (sa["nfe"], sa["rows"], sa.get("nfe_draft")) == (sb["nfe"], sb["rows"], sb.get("nfe_draft"))
+            reused += len(ps) - slots
+            steps += sum(multistep(s) for _, s in together)
+            compared += len(ps)
+    print(f"{name}: {compared} requests compared, {reused} slots reused, {steps} multi-step rounds")
+    assert reused > 0 and (steps > 0 or spec == "none")
+
+
+def pools_of(run):
+    """The models a prepared run decodes with (its defaults: target, drafter or None)."""
+    return run.__defaults__[:2]
+
+
+def test_counts_repeat_exactly():
+    tok, run, kw = prepared("simsd", 4, 0.8, {})
+    ps = prompts(random.Random(1), tok, 5)
+    go = lambda: decode_all(lambda i, p, t, d: run(p, 16, t, d, generator=torch.Generator().manual_seed(i)),
+                            ps, pools_of(run), 3)
+    (a, pa), (b, pb) = go(), go()
+    assert [x for x, _ in a] == [x for x, _ in b]
+    assert [(p.forwards, p.query_rows) for p in pa] == [(p.forwards, p.query_rows) for p in pb]
+    assert pa[0].forwards < sum(s["nfe"] for _, s in a)      # forwards were shared
+
+
+def logits_of(model, ps, B=4):
+    """Each prompt's logits at a prefill and at its first open block, as Session computes them."""
+    mask_id, out = model.config.mask_token_id, []
+    for p in ps:
+        sess = Session(model, B, 256)
+        n = len(p) // B * B
+        sess.prefill(torch.tensor(p[:n]))
+        block = torch.tensor(p[n:] + [mask_id] * (B - len(p) + n))
+        logits = sess.forward(block, torch.arange(n, n + B), keep=B,
+                              rows=packed_rows(block, mask_id, B - len(p) + n))
+        out.append(logits)
+    return out
+
+
+def rows_independent(model, ps):
+    """A row's logits packed with other requests' == its solo forward's, bit for bit."""
+    alone = [logits_of(model, [p])[0] for p in ps]
+    together, _ = decode_all(lambda i, p, t: logits_of(t, [p])[0], ps, (model,), len(ps))
+    return all(torch.equal(a, b) for a, b in zip(alone, together))
+
+
+def test_a_rows_logits_do_not_depend_on_the_other_rows():
+    tok, run, _ = prepared("none", 4, 0.0, {})
+    model = pools_of(run)[0]
+    ps = prompts(random.Random(2), tok, 6)
+    assert rows_independent(model, ps)
+    trunk = model.trunk   # planted: every row shifted by the mean of all the forward's rows
+    model.trunk = lambda *a: (lambda x: x + 1e-3 * x.mean(1, keepdim=True))(trunk(*a))
+    try:
+        assert not rows_independent(model, ps)
+    finally:
+        del model.trunk
+
+
+def test_sample_prompts_file_equals_each_prompt_alone(tmp_path, capsys):
+    """python sample.py --prompts-file F --batch 2 --json: a line a prompt, in the file's order,
+    each as `--prompt <it> --seed <seed + i>` writes it, then the summary."""
+    questions = ["ROMEO:", "Question: 7 * 8 = ?\nAnswer:", "But soft, what light"]
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps(dict(question=q, answer="x")) + "\n" for q in questions))
+    sample.main(spec="simsd", prompts_file=str(f), batch=2, seed=5, max_new_tokens=12, as_json=True)
+    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+    assert [r["prompt"] for r in lines[:-1]] == [0, 1, 2] and lines[-1]["prompts"] == 3
+    for i, q in enumerate(questions):
+        out, _ = sample.main(spec="simsd", prompt=q, seed=5 + i, max_new_tokens=12, as_json=True)
+        assert lines[i]["token_ids"] == out
+    capsys.readouterr()

@@ -36,11 +36,12 @@ from torch._dynamo.utils import counters
 from tqdm import tqdm
 
 import cli, fast
-from decode import STRATEGIES, generate
+from decode import STRATEGIES, SYNCS, generate
 from loading import util
 from measure import costs, reach
 from measure.counts import counting, reach_check
 from measure.graphs import graphs_for
+from serve.batch import decode_all as batch_decode
 from measure.sol import GPU_MODEL, modelled_gpu_cost, speed_of_light as sol
 from speculate import Settings
 from spiffy import DRAFT_BUDGET, spiffy_generate
@@ -95,16 +96,18 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     if "cost" in simsd:   # the speed devices (fast.py): copies capped, their reach calibrated, sized
         simsd["cut"] = fast.cutter(simsd.pop("cost"), simsd.get("max_rows"), B, simsd.pop("scales")(base, rule))
     rows = simsd.pop("max_rows", None)
-    if base in ("sdar", "plain"):
-        run = lambda ids, n: generate(target, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
+    if base in ("sdar", "plain"):   # t, d: the models, or serve.batch's stand-ins for them
+        run = lambda ids, n, t=target, d=None: generate(t, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
     elif base in SIMSD:
-        run = lambda ids, n: simsd_generate(target, drafter, ids, n, rule, generator=seeded(), draft=fast.draft, walk=fast.walk, **simsd, **SIMSD[base])
+        run = lambda ids, n, t=target, d=drafter: simsd_generate(t, d, ids, n, rule, generator=seeded(), draft=fast.draft,
+                                                                 walk=fast.walk, **simsd, **SIMSD[base])
     else:
         graph = graphs(rule)
-        run = lambda ids, n: counting(spiffy_generate)(target, ids, n, rule, graph, draft_budget, generator=seeded(), walk=fast.walk,
-                                             **simsd)
+        run = lambda ids, n, t=target, d=None: counting(spiffy_generate)(t, ids, n, rule, graph, draft_budget, generator=seeded(),
+                                                                         walk=fast.walk, **simsd)
     blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, rows)
     run.warm, run.table = dict(target=target, drafter=drafter, max_blocks=blocks), table   # cli.warm_up's; the row's
+    run.models = (target, drafter)
     return run
 
 
@@ -139,6 +142,57 @@ def measure(plan, tasks, max_new_tokens, tok, repeats, device, compiled):
         counters["stats"]["unique_graphs"] - graphs_after_warmup
 
 
+def by_batch(plan, batches, tasks, max_new_tokens, repeats, device, exact):
+    """--batch: every row's method decodes all the tasks N at a time (serve/batch.py), for each
+    N, methods interleaved; aggregate tokens/s (the tail included), the wall time the median of
+    repeats, against threshold at the same N and its own N = 1, and each output against N = 1's
+    (a change in fp32 fails the run). -> (rows, failures)"""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    prompts, walls, first = [ids for ids, _ in tasks], Counter(), {}
+    go = lambda run, n, N, ps=prompts: batch_decode(lambda i, p, t, d: run(p, n, t, d), ps, run.models, N)
+    for (_, B), (_, run) in plan.items():       # warm-up: one block of N prompts at every N
+        for N in batches:
+            go(run, B, N, prompts[:N])
+    for r in tqdm(range(repeats * len(batches)), desc="bench (batches)", file=sys.stderr):
+        for key, (_, run) in plan.items():
+            sync()
+            t0, syncs, N = time.perf_counter(), SYNCS["host"], batches[r % len(batches)]
+            results, pools = go(run, max_new_tokens, N)
+            sync()
+            walls[key, N] = walls[key, N] or []
+            walls[key, N].append(time.perf_counter() - t0)
+            first.setdefault((key, N), (results, pools, SYNCS["host"] - syncs))
+    return batch_rows(first, walls, batches, exact)
+
+
+def batch_rows(first, walls, batches, exact):
+    """by_batch's rows from each (row, N)'s first pass and its wall times -> (rows, failures)."""
+    rows, failed = [], []
+    for ((name, B), N), (results, (tgt, drf), syncs) in first.items():
+        tokens, outs = sum(len(o) for o, _ in results), [o for o, _ in results]
+        same = [a == b for a, b in zip(outs, [o for o, _ in first[(name, B), batches[0]][0]])]
+        rows.append(dict(method=name, block_size=B, batch=N, tokens=tokens, tokens_per_s=tokens / statistics.median(
+            walls[(name, B), N]), target_fwd_per_token=tgt.forwards / tokens, same_as_batch_1=sum(same) / len(same),
+            rows_per_forward=sum(T * n for T, n in tgt.query_rows.items()) / tgt.forwards,
+            draft_fwd_per_token=drf.forwards / tokens if drf else 0.0,
+            gpu_fwd_equiv_per_token=modelled_gpu_cost(tgt.query_rows, drf.query_rows if drf else {}, tokens, syncs)))
+        if exact and not all(same):
+            failed.append(f"{name} at B={B}, batch {N} differs from batch {batches[0]} on {len(same) - sum(same)} prompt(s)")
+    at = {(r["method"], r["block_size"], r["batch"]): r["tokens_per_s"] for r in rows}
+    for r in rows:
+        r["speedup_vs_threshold"] = r["tokens_per_s"] / at.get(("threshold", r["block_size"], r["batch"]), float("nan"))
+        r["speedup_vs_batch_1"] = r["tokens_per_s"] / at.get((r["method"], r["block_size"], 1), float("nan"))
+    return rows, failed
+
+
+def report(rows, failed, notes, out, head):
+    """--batch's table, notes and failures printed, the JSON saved and printed -> exit status."""
+    print("\n".join([table(rows)] + notes + [f"FAILED: {f}" for f in failed]))
+    print(json.dumps(save(out, dict(head, results=rows, lossless_ok=not failed, gpu_model=GPU_MODEL,
+                                    date=time.strftime("%Y-%m-%d")))))
+    return 1 if failed else 0
+
+
 def summarize(stats, outs, tasks, tok, wall):
     """One method's prompts -> its row's figures (counts exact, wall time as measured)."""
     total = lambda key: sum((Counter(s.get(key, {})) for s in stats), Counter())
@@ -158,7 +212,9 @@ def summarize(stats, outs, tasks, tok, wall):
                 accuracy=correct / len(tasks) if tasks[0][1] is not None else float("nan"), lookahead=max(s.get("lookahead", 0) for s in stats))
 
 
-COLUMNS = [("method", "method", "{}"), ("B", "block_size", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"),
+COLUMNS = [("method", "method", "{}"), ("B", "block_size", "{}"), ("batch", "batch", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"),
+           ("x batch 1", "speedup_vs_batch_1", "{:.2f}"), ("rows/fwd", "rows_per_forward", "{:.1f}"),
+           ("= batch 1", "same_as_batch_1", "{:.0%}"),
            ("x thr", "speedup_vs_threshold", "{:.2f}"), ("x sdar", "speedup_vs_sdar", "{:.2f}"), ("x eager", "speedup_vs_eager", "{:.2f}"),
            ("tgt fwd/tok", "target_fwd_per_token", "{:.3f}"), ("drf fwd/tok", "draft_fwd_per_token", "{:.2f}"),
            ("tok/tgt fwd", "tokens_per_target_fwd", "{:.2f}"), ("of limit", "fraction_of_limit", "{:.0%}"),
@@ -179,17 +235,19 @@ def table(rows):
         f"counted forwards and host syncs (sol.GPU_MODEL), not a measurement"])
 
 
-def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, **flags):
+def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, compile=None, dtype=None, **flags):
     """Every flag, before any file is read: ranges, --out writable, no flag that none of the
     methods reads (flags: drafter, sweep, ablate, draft_budget, gate, draft_*; None = unused)."""
     bases = [parse_method(m)[0] for m in methods]
+    if compile == "drafter" and not set(bases) & set(DRAFTED):
+        raise ValueError("--compile drafter: none of --methods runs a drafter (simsd does)")
     if not methods or len(set(methods)) < len(methods) or len(set(block_sizes)) < len(block_sizes):
         raise ValueError(f"a method or block size is listed twice, or none is (methods: {', '.join(NAMES)})")
     util.check_positive(prompts=prompts, max_new_tokens=max_new_tokens, repeats=repeats,
                         draft_budget=flags["draft_budget"], block_size=min(block_sizes, default=1))
     if set(flags["ablate"] or ()) - {a for a, _, _ in ABLATIONS}:
         raise ValueError(f"unknown --ablate {','.join(flags['ablate'])}; choose from rope-copy, order")
-    cli.check_device(device)
+    cli.check_device(device, dtype)
     own_drafts = [m for m in DRAFTED if "draft_threshold" not in SIMSD[m]]   # not the paper's gamma = B
     cli.check_used(bases, f"--methods {','.join(methods)}",
                    dict(drafter=DRAFTED, lookup_n=[m for m in SIMSD if "lookup" in m], sweep=SWEPT.get(flags["sweep"], [*SIMSD, "spiffy"]),
@@ -269,7 +327,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
          prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, attention=None, repeats=1,
          data=None, chat=False, sweep=None, ablate=(), draft_budget=None, out=None, strategy=None,
          gate=None, draft_threshold=None, draft_stop=None, lookahead=None, speed_of_light=None, stop_ids=None, draft_steps=None,
-         cost_table=None, lookup_n=None, tasks="arith", max_rows=None, quick=False):
+         cost_table=None, lookup_n=None, tasks="arith", max_rows=None, quick=False, batch=None):
     """Method flags (drafter ... draft_budget): None/() = the default, an error when no method
     uses them. speed_of_light: a preset or checkpoint directory: measure/sol.py's figures instead."""
     if speed_of_light:
@@ -278,12 +336,9 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
         return 0
     simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead, lookup_n=lookup_n, draft_steps=draft_steps)
     methods = [SPECS.get(m, m) for m in methods]     # rows under the names of what they run
-    check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, drafter=drafter,
+    check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, compile, dtype, drafter=drafter,
                sweep=sweep, ablate=ablate or None, draft_budget=draft_budget, **simsd_kw)
     drafted, tag = any(parse_method(m)[0] in DRAFTED for m in methods), TAGS.get(compile)
-    if compile == "drafter" and not drafted:
-        raise ValueError("--compile drafter: none of --methods runs a drafter (simsd does)")
-    cli.check_device(device, dtype)
     attention = cli.attention(attention, device, compile)   # eager and compiled rows alike
     cli.check_max_rows(max_rows, min(block_sizes))
     dtype, limit_hits = getattr(torch, dtype) if dtype else None, cli.RecompileLimitHits() if compile else None
@@ -308,6 +363,9 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     cli.warn(*dict.fromkeys(c.stale for c, _ in cost.values() if c))   # a table measured on other code
     head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__, attention=attention,
                 tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats)
+    if batch:   # many prompts decoded together: rows by batch size
+        return report(*by_batch(plan, batch, tasks, max_new_tokens, repeats, device, tgt.embed.weight.dtype == torch.float32),
+                      notes, out, dict(head, batches=batch))
     result, rows, failed, after_warmup = by_block_size(
         plan, block_sizes, tasks, max_new_tokens, tok, repeats, device, lambda name: compile and (
             not tag or name.endswith(tag)), tgt.embed.weight.dtype == torch.float32, out, dict(head, notes=notes))
@@ -349,6 +407,8 @@ def parse_args(argv=None):
     g.add_argument("--prompts", type=int, default=100, help="held-out problems (or --data lines) to run")
     g.add_argument("--max-new-tokens", type=int, default=64, help="the most tokens a prompt gets")
     g.add_argument("--repeats", type=int, default=1, help="timed passes; wall time is their median")
+    g.add_argument("--batch", default=None, help="comma-separated, e.g. 1,4,16: every method decodes all the "
+                   "prompts that many at a time (serve/batch.py), a row for each; aggregate tokens/s")
     g.add_argument("--data", default=None, help="GSM8K-format JSONL (question, answer)")
     g.add_argument("--tasks", default="arith", choices=TASKS, help="without --data: held-out problems (arith), "
                    "each after its own worked answer (copy), or open text up to a speaker's line (text)")
@@ -369,7 +429,8 @@ def parse_args(argv=None):
     ap.add_argument_group("output").add_argument("--out", default=None, help="also save the JSON here")
     a = vars(ap.parse_args(argv))
     quick, stop_ids = a["quick"], a.pop("stop_ids")
-    return dict(a, block_sizes=util.int_list(a.pop("block_size"), "--block-size"),
+    batch = a["batch"] and util.int_list(a["batch"], "--batch")
+    return dict(a, block_sizes=util.int_list(a.pop("block_size"), "--block-size"), batch=batch,
                 methods=tuple(a["methods"].split(",")), prompts=4 if quick else a["prompts"],
                 max_new_tokens=32 if quick else a["max_new_tokens"], ablate=tuple(x for x in a["ablate"].split(",") if x),
                 stop_ids=None if stop_ids is None else util.int_list(stop_ids, "--stop-ids"))

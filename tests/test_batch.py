@@ -14,9 +14,10 @@ import torch
 
 import sample
 from cli import DEFAULT_TARGET
+from conftest import make_model
 from decode import Session, packed_rows
 from serve.batch import decode_all
-from loading.tokenizer import load_tokenizer
+from loading.checkpoint import PRESETS
 
 TEXT = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. How much does "
         "Max have now?\nAnswer: 4 * 4 = 16. 16 + 2 = 18. The answer is 18.\n\nROMEO:\nBut soft, "
@@ -119,6 +120,9 @@ def test_a_rows_logits_do_not_depend_on_the_other_rows():
     model = pools_of(run)[0]
     ps = prompts(random.Random(2), tok, 6)
     assert rows_independent(model, ps)
+    moe = make_model(**{**PRESETS["tiny-moe"], "n_layer": 2}, seed=3)   # a mixture of experts too
+    rng = random.Random(3)
+    assert rows_independent(moe, [[rng.randrange(4, 97) for _ in range(rng.randint(1, 30))] for _ in range(6)])
     trunk = model.trunk   # planted: every row shifted by the mean of all the forward's rows
     model.trunk = lambda *a: (lambda x: x + 1e-3 * x.mean(1, keepdim=True))(trunk(*a))
     try:

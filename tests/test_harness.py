@@ -130,7 +130,7 @@ def test_gen_kwargs_and_generation_only(harness):
     ("dtype=fp8", "model_args dtype='fp8': choose from float32, bfloat16, float16"),
     ("attention=math", "model_args attention='math': choose from flex, sdpa"),
     ("target=/nonexistent", "checkpoint directory /nonexistent does not exist"),
-    ("batch_size=8", "batch size 8: sdar-spec decodes one request at a time"),
+    ("batch_size=auto", "batch size auto: sdar-spec takes an integer >= 1"),
     ("chat=True", "sentencepiece tokenizer has no chat template"),
 ])
 def test_bad_model_args_are_one_line(args, message, harness):
@@ -168,3 +168,19 @@ def test_without_lm_eval_a_one_line_error(monkeypatch):
         runpy.run_path(path, run_name="harness")                   # import harness
     with pytest.raises(SystemExit, match=f"^error: {re.escape(message)}$"):
         runpy.run_path(path, run_name="__main__")                  # python tools/harness.py
+
+
+def test_a_batch_gives_batch_1s_answers(harness):
+    """--batch_size 3 decodes the requests together, request i from seed + i (sampled here): the
+    answers batch 1 gives, and request 1's is sample.py's with --seed 1."""
+    from lm_eval.api.instance import Instance
+    prompts = [f"Question: {p['question']}\nAnswer:" for p in PROBLEMS[:5]]
+    requests = [Instance("generate_until", {}, (p, {"until": ["Question:"]}), i) for i, p in enumerate(prompts)]
+    one, three = (harness.SDARSpec(batch_size=n, spec="simsd", device="cpu", temperature=0.8, max_new_tokens=24)
+                  for n in (1, 3))
+    answers = three.generate_until(requests)
+    assert answers == one.generate_until(requests) and len(set(answers)) > 1
+    with contextlib.redirect_stdout(io.StringIO()):
+        out, _ = sample.main(spec="simsd", prompt=prompts[1], seed=1, temperature=0.8, max_new_tokens=24, as_json=True)
+    text = one.tok.decode(out)
+    assert answers[1] == text[:text.index("Question:")] if "Question:" in text else text

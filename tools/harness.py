@@ -18,8 +18,9 @@ gamma, verify, accept, gate, draft_threshold, draft_stop, lookahead, graph, draf
 user turn); max_new_tokens (256) for a request without max_gen_toks. A request's `until`
 strings end decoding after the block they appear in, and cut its text before the first one;
 its do_sample / temperature / top_k / top_p replace the model's (do_sample=False: greedy;
-do_sample=True with no temperature above 0: 1.0, transformers' default). Requests decode one
-at a time (batch size 1), each from `seed`. Generation only: loglikelihood requests
+do_sample=True with no temperature above 0: 1.0, transformers' default). lm-eval's --batch_size N
+decodes N requests together (serve/batch.py), request i from seed + i, each answer the one it
+gets alone. Generation only: loglikelihood requests
 (multiple-choice tasks, perplexity) and lm-eval's --apply_chat_template are refused.
 """
 import dataclasses
@@ -34,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 import cli  # noqa: E402
 import sample  # noqa: E402
 from loading import util  # noqa: E402
+from serve.batch import decode_all as batch_decode  # noqa: E402
 
 SMOKE = "--model sdar-spec --model_args spec=none,device=cpu --tasks arith --include_path {tasks} --limit 1"
 SMOKE_OUTPUT = r"\|arith\s*\|.*\|exact_match\|"
@@ -92,12 +94,14 @@ def convert(where, name, value, kind):
 
 @register_model("sdar-spec")
 class SDARSpec(LM):
-    """lm-eval's generation requests, decoded one at a time by the method `spec` chooses."""
+    """lm-eval's generation requests, decoded batch_size at a time by the method `spec` chooses."""
 
     def __init__(self, batch_size=1, max_batch_size=None, **model_args):
         super().__init__()
-        if str(batch_size) != "1" or max_batch_size is not None:
-            raise ValueError(f"batch size {batch_size}: sdar-spec decodes one request at a time (use 1)")
+        if not str(batch_size).isdigit() or int(batch_size) < 1 or max_batch_size is not None:
+            raise ValueError(f"batch size {batch_size}: sdar-spec takes an integer >= 1 (not auto, "
+                             "no max_batch_size)")
+        self.batch_size = int(batch_size)
         unknown = sorted(set(model_args) - set(SETTINGS))
         if unknown:
             raise ValueError(f"unknown model_args {', '.join(unknown)}; choose from {', '.join(SETTINGS)}")
@@ -120,7 +124,7 @@ class SDARSpec(LM):
                           a["temperature"], a["top_k"], a["top_p"], a["eb_threshold"], a["graph"], flags)
         self._device, self.chat, self.seed = a["device"], a["chat"], a["seed"]
         self.max_new_tokens = a["max_new_tokens"]
-        self.model, self.tok, self.rule, run, *_ = sample.prepare(
+        self.model, self.tok, self.rule, run, _, warm, _ = sample.prepare(
             a["spec"], a["target"], flags.pop("drafter"), a["block_size"], a["threshold"], a["strategy"],
             a["device"], a["dtype"], a["compile"], a["stop_ids"], a["graph"],
             dict(temperature=a["temperature"], top_k=a["top_k"], top_p=a["top_p"], eb_threshold=a["eb_threshold"]),
@@ -132,21 +136,28 @@ class SDARSpec(LM):
                 print(f"note: {a['target']} has no chat_template; the prompts are in ChatML",
                       file=sys.stderr)
         kw = {k: v for k, v in flags.items() if v is not None}
-        self.decode = lambda ids, n, **more: run(ids, n, **kw, **more)
+        self.decode, self.models = lambda ids, n, **more: run(ids, n, **kw, **more), (warm["target"], warm["drafter"])
 
     def generate_until(self, requests, disable_tqdm=False):
-        """Every request in order, one at a time (the decoders decode one sequence), with a
-        progress bar; each answer also goes to lm-eval's --use_cache database."""
-        outputs = []
-        for request in tqdm(requests, desc="sdar-spec", disable=disable_tqdm):
-            context, gen_kwargs = request.args
-            outputs.append(self.complete(context, dict(gen_kwargs or {})))
-            self.cache_hook.add_partial("generate_until", request.args, outputs[-1])
+        """Every request, batch_size at a time (serve/batch.py), request i in lm-eval's order from
+        seed + i: the same answers at every batch size. With a progress bar; each answer also
+        goes to lm-eval's --use_cache database."""
+        bar = tqdm(total=len(requests), desc="sdar-spec", disable=disable_tqdm)
+
+        def one(i, request, t, d):
+            text = self.complete(request.args[0], dict(request.args[1] or {}), i, t, d)
+            bar.update()
+            return text
+        outputs, _ = batch_decode(one, requests, self.models, self.batch_size)
+        bar.close()
+        for request, text in zip(requests, outputs):
+            self.cache_hook.add_partial("generate_until", request.args, text)
         return outputs
 
-    def complete(self, context, gen_kwargs):
-        """One request's continuation, cut before its first `until` string. Decoding stops at
-        the end of the block where one appears (checked on the text: a string may span tokens)."""
+    def complete(self, context, gen_kwargs, index, target, drafter):
+        """One request's continuation, cut before its first `until` string, from seed + index, on
+        the models `target`, `drafter` (serve.batch's stand-ins). Decoding stops at the end of the
+        block where a string appears (checked on the text: a string may span tokens)."""
         unknown = sorted(set(gen_kwargs) - set(GEN_KWARGS))
         if unknown:
             raise ValueError(f"gen_kwargs {', '.join(unknown)}: not supported (only "
@@ -166,8 +177,8 @@ class SDARSpec(LM):
             so_far.extend(new)
             return any(u in self.tok.decode(so_far) for u in until)
 
-        gen = torch.Generator(device=self._device).manual_seed(self.seed)
-        out, _ = self.decode(ids, n, rule=rule, generator=gen, on_block=on_block if until else None)
+        gen = torch.Generator(device=self._device).manual_seed(self.seed + index)
+        out, _ = self.decode(ids, n, t=target, d=drafter, rule=rule, generator=gen, on_block=on_block if until else None)
         text = self.tok.decode(out)
         return text[:min((text.find(u) for u in until if u in text), default=len(text))]
 

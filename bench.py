@@ -174,7 +174,8 @@ def batch_rows(first, walls, batches, exact):
         rows.append(dict(method=name, block_size=B, batch=N, tokens=tokens, tokens_per_s=tokens / statistics.median(
             walls[(name, B), N]), target_fwd_per_token=tgt.forwards / tokens, same_as_batch_1=sum(same) / len(same),
             rows_per_forward=sum(T * n for T, n in tgt.query_rows.items()) / tgt.forwards,
-            draft_fwd_per_token=drf.forwards / tokens if drf else 0.0,
+            draft_fwd_per_token=drf.forwards / tokens if drf else 0.0, kv_mib_per_request=(
+                tgt.slot_bytes() + (drf.slot_bytes() if drf else 0)) / 2 ** 20,
             gpu_fwd_equiv_per_token=modelled_gpu_cost(tgt.query_rows, drf.query_rows if drf else {}, tokens, syncs)))
         if exact and not all(same):
             failed.append(f"{name} at B={B}, batch {N} differs from batch {batches[0]} on {len(same) - sum(same)} prompt(s)")
@@ -214,7 +215,7 @@ def summarize(stats, outs, tasks, tok, wall):
 
 COLUMNS = [("method", "method", "{}"), ("B", "block_size", "{}"), ("batch", "batch", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"),
            ("x batch 1", "speedup_vs_batch_1", "{:.2f}"), ("rows/fwd", "rows_per_forward", "{:.1f}"),
-           ("= batch 1", "same_as_batch_1", "{:.0%}"),
+           ("= batch 1", "same_as_batch_1", "{:.0%}"), ("KV MiB/req", "kv_mib_per_request", "{:.1f}"),
            ("x thr", "speedup_vs_threshold", "{:.2f}"), ("x sdar", "speedup_vs_sdar", "{:.2f}"), ("x eager", "speedup_vs_eager", "{:.2f}"),
            ("tgt fwd/tok", "target_fwd_per_token", "{:.3f}"), ("drf fwd/tok", "draft_fwd_per_token", "{:.2f}"),
            ("tok/tgt fwd", "tokens_per_target_fwd", "{:.2f}"), ("of limit", "fraction_of_limit", "{:.0%}"),

@@ -1,7 +1,7 @@
 """Does compiling the decoding rule pay on this CPU? Each method with the pair compiled
 (--compile), once with the rule eager and once with DecodeRule.__call__ compiled too (dynamic
 shapes, as fast.compile_model), prompt by prompt in turns; two warm-up passes; the tokens must
-be the same. docs/results.md, "A greedy step without a softmax, and one compiled graph for a
+be the same. docs/history.md, "A greedy step without a softmax, and one compiled graph for a
 step". It prints tokens/s a method, rule eager and compiled, and their ratio.
 
     python experiments/compile_rule.py --prompts 40 --block-size 4

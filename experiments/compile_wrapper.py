@@ -1,4 +1,4 @@
-"""Inductor's C++ wrapper against its Python one, on a CPU (docs/results.md, "The compiled
+"""Inductor's C++ wrapper against its Python one, on a CPU (docs/history.md, "The compiled
 forward's wrapper"): the same model compiled twice for dynamic shapes, once with
 options={"cpp_wrapper": True} (what --compile does on a CPU), and eager, taken in turns
 forward by forward (4 or 8 query rows after 120 cached, the logits of 1-4 of them read, as

@@ -1,5 +1,5 @@
 """RMSNorm as one op with its weight and RoPE in rotate-half form against their previous forms
-(docs/results.md, "Fewer ops in a forward, the same bits"): the same logits to the bit on the embedded
+(docs/history.md, "Fewer ops in a forward, the same bits"): the same logits to the bit on the embedded
 pair, and a decode forward's time (4 query rows after 64 cached; old and new taken in turns,
 the mean of 100 forwards a turn, 15 turns), eager and on a compiled copy (fast.compile_dynamic:
 the compiler fuses these ops itself, so there the two forms should cost about the same). It

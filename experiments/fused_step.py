@@ -4,7 +4,7 @@ both eager; the forward compiled (`--compile`) and the rule eager, as shipped; e
 apart (two compiled calls); both in ONE compiled graph. Every way must give the same block.
 Then why the shipped decoders cannot take the last way as it stands: the rule compiled over the
 step indices of a B = 32 block compiles a graph for each (the step index is read on the host).
-docs/results.md, "A greedy step without a softmax, and one compiled graph for a step". It
+docs/history.md, "A greedy step without a softmax, and one compiled graph for a step". It
 prints a line a way (us a step), then the graphs the B = 32 rule compiled.
 
     python experiments/fused_step.py --steps 300

@@ -1,4 +1,4 @@
-"""What one step of the threshold rule costs right after a forward (docs/results.md, "A greedy
+"""What one step of the threshold rule costs right after a forward (docs/history.md, "A greedy
 step without a softmax"): the aten ops it dispatches (exact), and its time after an eager and
 after a compiled forward of the target (4 masked rows of a B = 4 block after 120 cached; the
 median of 400 steps each, taken in turns). To compare two versions of decode.py, run this in a

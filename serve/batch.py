@@ -47,6 +47,10 @@ class Pool:
         self.model, self.n, self.rows = model, n, 0
         self.forwards, self.query_rows = 0, Counter()   # forwards by their packed rows
 
+    def slot_bytes(self):
+        """A slot's KV cache: rows x layers x (k, v) x KV heads x head size x the dtype's bytes."""
+        return self.rows * self.model.kv[..., :1, :].nbytes
+
     def reserve(self, max_len):
         """Room for max_len rows a slot: a bigger cache, every slot's rows copied over."""
         rows = max(256, 1 << (max_len - 1).bit_length())

@@ -21,6 +21,7 @@ from conftest import make_model
 from decode import generate
 from loading.checkpoint import PRESETS
 from decode import DecodeRule
+from serve.batch import decode_all
 from spiffy import calibrate
 from tools.lockstep import decoders, stale_garbage
 
@@ -76,3 +77,20 @@ def test_a_compiled_mixture_of_experts_writes_eager_tokens():
     with torch.no_grad():
         torch.testing.assert_close(compiled(torch.tensor([p])), eager(torch.tensor([p])),
                                    atol=1e-4, rtol=0)
+
+
+def test_batched_compiled_decoding_writes_eager_tokens(setting):
+    """Many prompts together (serve/batch.py: 3 prompts, 2 slots), both models compiled for
+    dynamic shapes over SDPA: each request's tokens are its eager solo run's."""
+    target, drafter, per_size = setting
+    rule, graph, _ = per_size[4]
+    torch._dynamo.reset()
+    models = [copy.deepcopy(m) for m in (target, drafter)]
+    for m in models:
+        m.attn_impl = "sdpa"
+        fast.compile_dynamic(m, backend="inductor")
+    prompts = [prompt(3), prompt(37), prompt(9)]
+    for name in ("threshold", "simsd", "spiffy"):
+        alone = [decoders(target, drafter, rule, graph, 8)[name](p) for p in prompts]
+        together, _ = decode_all(lambda i, p, t, d: decoders(t, d, rule, graph, 8)[name](p), prompts, models, 2)
+        assert together == alone, name

@@ -86,4 +86,4 @@ def test_the_harness_takes_attention_among_its_model_args(given, runs, monkeypat
     from tools import harness  # noqa: F401  (registers sdar-spec)
     lm = get_model("sdar-spec").create_from_arg_string(f"device=cpu,spec=none{given}")
     assert lm.model.attn_impl == runs
-    assert lm.complete("Question: 2 + 3 = ?\nAnswer:", dict(max_gen_toks=4)) is not None
+    assert lm.complete("Question: 2 + 3 = ?\nAnswer:", dict(max_gen_toks=4), 0, lm.model, None) is not None

@@ -93,19 +93,18 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     seeded = lambda: torch.Generator(target.embed.weight.device).manual_seed(0)
     drafter = drafter if base in DRAFTED else None
     table = costs.named(simsd["cost"]) if "cost" in simsd else {}      # what the row says of it
-    rows, cut = simsd.pop("max_rows", None), lambda t: None   # noqa: E731
-    if "cost" in simsd:   # the speed devices (fast.py): copies capped, their reach calibrated, sized (t: the
-        cost, scale = simsd.pop("cost"), simsd.pop("scales")(base, rule)   # model, or serve.batch's stand-in)
-        cut = lambda t: fast.cutter(cost, rows, B, scale, getattr(t, "sized", fast.sized))   # noqa: E731
+    if "cost" in simsd:   # the speed devices (fast.py): copies capped, their reach calibrated, sized
+        simsd["cut"] = fast.cutter(simsd.pop("cost"), simsd.get("max_rows"), B, simsd.pop("scales")(base, rule))
+    rows = simsd.pop("max_rows", None)
     if base in ("sdar", "plain"):   # t, d: the models, or serve.batch's stand-ins for them
         run = lambda ids, n, t=target, d=None: generate(t, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
     elif base in SIMSD:
         run = lambda ids, n, t=target, d=drafter: simsd_generate(t, d, ids, n, rule, generator=seeded(), draft=fast.draft,
-                                                                 walk=fast.walk, cut=cut(t), **simsd, **SIMSD[base])
+                                                                 walk=fast.walk, **simsd, **SIMSD[base])
     else:
         graph = graphs(rule)
         run = lambda ids, n, t=target, d=None: counting(spiffy_generate)(t, ids, n, rule, graph, draft_budget, generator=seeded(),
-                                                                         walk=fast.walk, cut=cut(t), **simsd)
+                                                                         walk=fast.walk, **simsd)
     blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, rows)
     run.warm, run.table = dict(target=target, drafter=drafter, max_blocks=blocks), table   # cli.warm_up's; the row's
     run.models = (target, drafter)

@@ -139,11 +139,10 @@ def calibrated(g, scale):
     return Guesses(g.copies, g.n_masked, g.after, reach, g.drafted)
 
 
-def cutter(cost=None, max_rows=None, block_size=None, scale=None, sized=sized):
+def cutter(cost=None, max_rows=None, block_size=None, scale=None):
     """The decoders' `cut`: a round's copies cut to those max_rows query rows hold (None: no
     cap), their reach calibrated by `scale` (a reach table's; None: raw), then sized by the
-    cost table `cost` (None: not sized; `sized`: a batch's, serve.batch.Slot.sized); None when
-    none of them."""
+    cost table `cost` (None: not sized); None when none of them."""
     if max_rows is not None and max_rows < block_size:
         raise ValueError(f"--max-rows {max_rows} is below one block ({block_size} rows)")
     cap = None if max_rows is None else max_rows // block_size

@@ -57,20 +57,18 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     rows = cli.max_rows(max_rows, device, compile, rule.block_size)
     scale, reach_note = reach.find(target, reach.method_of(spec, reference), rule)   # the cut's reach
     cost_note += (f"; at most {rows} rows of copies a forward" if rows else "") + f"; {reach_note}"
-    # run(ids, n, **kw) decodes with `model` and `drf`, or the stand-ins serve.batch gives (t, d),
-    # which size the copies with every request of the batch (serve.batch.Slot.sized)
-    sized = lambda t: getattr(t, "sized", fast.sized)   # noqa: E731
+    # run(ids, n, **kw) decodes with `model` and `drf`, or the stand-ins serve.batch gives (t, d)
     if spec == "none":
         run = lambda ids, n, t=model, d=None, rule=rule, **kw: generate(t, ids, n, rule, **kw)
     elif spec == "simsd":
         drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype)
         run = lambda ids, n, t=model, d=drf, rule=rule, **kw: simsd(t, d, ids, n, **{**dict(
             rule=rule, reference=reference or "drafter", draft=fast.draft, walk=fast.walk,
-            cut=fast.cutter(cost, rows, rule.block_size, scale, sized(t))), **kw})
+            cut=fast.cutter(cost, rows, rule.block_size, scale)), **kw})
     else:
         g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule)
         run = lambda ids, n, t=model, d=None, rule=rule, **kw: counting(spiffy_generate)(
-            t, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size, scale, sized(t)), **kw)
+            t, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size, scale), **kw)
     cli.compile_models(model, drf, compile, attention)
     plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
     stale = None if plain or cost is None else cost.stale

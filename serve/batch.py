@@ -18,8 +18,6 @@ import torch
 
 import mask as masks
 from decode import to_device
-from fast import prefix
-from measure import costs
 
 
 class Slot:
@@ -39,12 +37,7 @@ class Slot:
         return self.model.kv[..., self.index * L:(self.index + 1) * L, :]
 
     def __call__(self, idx, pos, start, mask, keep=None, rows=None):
-        return self.request.park((self, "forward", (idx[0], pos, start, mask, keep, rows)))
-
-    def sized(self, g, cost):
-        """fast.sized's place in a batch (fast.cutter's `sized`): the copies this request
-        verifies, chosen with every other request's for their shared forward (Pool.share)."""
-        return prefix(g, self.request.park((self, "sized", (g, cost))))
+        return self.request.park((self, idx[0], pos, start, mask, keep, rows))
 
 
 class Pool:
@@ -70,28 +63,6 @@ class Pool:
             self.model.kv[..., i * rows:i * rows + L, :] = old[..., i * L:(i + 1) * L, :]
         self.rows = rows
 
-    def share(self, asks, fixed):
-        """How many copies each of `asks` [(Guesses, cost)] keeps, chosen together: again and again
-        the one request's longer prefix that gives the forward the most expected steps a second,
-        while one does. Each request is worth its copies' reach (the open block's own state 1),
-        the `fixed` rows of the other requests waiting a step each; the forward costs its rows'
-        seconds (the cost table). One request alone keeps what fast.sized keeps."""
-        B, table = asks[0][0].copies.shape[1], asks[0][1].table
-        keep = [1 if g.reach else len(g.n_masked) for g, _ in asks]
-        value, rows = len(fixed) + len(asks), sum(fixed) + B * sum(keep)
-        rate = lambda v, r: v / costs.seconds_at(table, r)   # noqa: E731
-        while True:
-            best = (rate(value, rows), 0, None)
-            for k, (g, _) in enumerate(asks):
-                gain = 0.0
-                for m in range(keep[k], len(g.n_masked) if g.reach else 0):
-                    gain += g.reach[m]
-                    best = max(best, (rate(value + gain, rows + B * (m + 1 - keep[k])), m + 1, (k, gain)))
-            if best[2] is None:
-                return keep
-            (k, gain), m = best[2], best[1]
-            value, rows, keep[k] = value + gain, rows + B * (m - keep[k]), m
-
     @torch.no_grad()
     def forward(self, calls):
         """ONE forward of the calls' queries, packed: [(slot, idx, pos, start, mask_mod, keep,
@@ -99,18 +70,18 @@ class Pool:
         model, L, device = self.model, self.rows, self.model.embed.weight.device
         build = masks.block_mask if model.attn_impl == "flex" else masks.dense_mask
         parts, written, end = [], [], 0
-        for slot, (idx, _, start, mask_mod, *_) in calls:   # each its own rows, keys and mask
+        for slot, idx, _, start, mask_mod, *_ in calls:   # each its own rows, keys and mask
             T, base = len(idx), slot.index * L
             parts.append((slice(end, end + T), slice(base, base + start + T),
                           build(mask_mod, T, start + T, device)))
             written += range(base + start, base + start + T)
             end += T
-        x = model.trunk(torch.cat([c[1][0] for c in calls])[None], torch.cat([c[1][1] for c in calls]),
+        x = model.trunk(torch.cat([c[1] for c in calls])[None], torch.cat([c[2] for c in calls]),
                         to_device(written, device), parts)
         self.forwards += 1
         self.query_rows[end] += 1
         out = []
-        for (slot, (idx, _, _, _, keep, rows)), (queries, *_) in zip(calls, parts):
+        for (slot, idx, _, _, _, keep, rows), (queries, *_) in zip(calls, parts):
             end = queries.stop
             xi = x[:, end - (len(idx) if keep is None else keep):end]
             out.append(model.head(xi if rows is None else xi[:, rows]))
@@ -192,18 +163,10 @@ def decode_all(decode, prompts, models, n_slots):
         for s in range(n_slots):
             start(s)
         while calls:
-            asks = sorted(s for s, (_, kind, _) in calls.items() if kind == "sized")
-            if asks:   # the copies to verify, chosen together, before the forward that holds them
-                pool = calls[asks[0]][0].pool
-                fixed = [len(a[0]) for slot, kind, a in calls.values() if kind == "forward" and slot.pool is pool]
-                for s, n in zip(asks, pool.share([calls[s][2] for s in asks], fixed)):
-                    del calls[s]
-                    advance(s, n)
-                continue
             for pool in filter(None, pools):
-                group = sorted(s for s, (slot, _, _) in calls.items() if slot.pool is pool)
+                group = sorted(s for s, call in calls.items() if call[0].pool is pool)
                 if group:
-                    for s, logits in zip(group, pool.forward([(calls[s][0], calls.pop(s)[2]) for s in group])):
+                    for s, logits in zip(group, pool.forward([calls.pop(s) for s in group])):
                         advance(s, logits)
     finally:
         for r in live.values():

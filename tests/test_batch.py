@@ -16,10 +16,7 @@ import sample
 from cli import DEFAULT_TARGET
 from conftest import make_model
 from decode import Session, packed_rows
-from serve.batch import Pool, decode_all
-import fast
-from measure import costs
-from verify import Guesses
+from serve.batch import decode_all
 from loading.checkpoint import PRESETS
 
 TEXT = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. How much does "
@@ -73,8 +70,7 @@ def test_batched_equals_alone_for_every_decoder(name):
                 seed + i), **kw), ps, pools_of(run), slots)
             for i, ((a, sa), (b, sb)) in enumerate(zip(alone, together)):
                 assert a == b, f"{name} B={B} T={temperature} prompt {i} of {len(ps)}, {slots} slots"
-                if slots == 1:   # alone in the batch, its copies are sized as alone: the same counts
-                    assert (sa["nfe"], sa["rows"], sa.get("nfe_draft")) == (sb["nfe"], sb["rows"], sb.get("nfe_draft"))
+                assert (sa["nfe"], sa["rows"], sa.get("nfe_draft")) == (sb["nfe"], sb["rows"], sb.get("nfe_draft"))
             reused += len(ps) - slots
             steps += sum(multistep(s) for _, s in together)
             compared += len(ps)
@@ -148,30 +144,3 @@ def test_sample_prompts_file_equals_each_prompt_alone(tmp_path, capsys):
         out, _ = sample.main(spec="simsd", prompt=q, seed=5 + i, max_new_tokens=12, as_json=True)
         assert lines[i]["token_ids"] == out
     capsys.readouterr()
-
-
-def guesses(rng, B=4):
-    n = rng.randint(1, 8)
-    reach = [1.0] + sorted((rng.random() for _ in range(n - 1)), reverse=rng.random() < 0.7)
-    return Guesses(torch.zeros(n, B, dtype=torch.long), [B] * n, None, reach)
-
-
-def test_one_request_alone_keeps_what_fast_sized_keeps():
-    rng, table = random.Random(4), dict(rows=[4, 8, 16, 32, 64], seconds=[3.0, 3.1, 3.4, 4.3, 6.0], block_size=4)
-    cost = costs.cost_of(table)
-    pool = Pool(None, 1)
-    for _ in range(200):
-        g = guesses(rng)
-        assert pool.share([(g, cost)], []) == [len(fast.sized(g, cost).n_masked)]
-
-
-def test_copies_are_shared_by_what_their_rows_add():
-    """A copy of reach 0.3 pays alone (its 4 rows cost 3% more) but not in a forward that
-    already holds 132 rows (they cost 2.2% more, and 0.3 steps are 1.8% of 17)."""
-    table = dict(rows=[4, 8, 16, 32, 64], seconds=[3.0, 3.1, 3.4, 4.3, 6.0], block_size=4)
-    cost, g = costs.cost_of(table), Guesses(torch.zeros(2, 4, dtype=torch.long), [4, 4], None, [1.0, 0.3])
-    pool = Pool(None, 1)
-    assert pool.share([(g, cost)], []) == [2]
-    assert pool.share([(g, cost)], [8] * 16) == [1]
-    both = pool.share([(g, cost), (Guesses(g.copies, g.n_masked, None, [1.0, 0.9]), cost)], [8] * 16)
-    assert both == [1, 2]          # the likelier copy is kept

@@ -55,6 +55,26 @@ def multistep(stats):
         sum(n for k, n in stats.get("accept_hist", {}).items() if k > 0)
 
 
+def products_keep_their_bits():
+    """Whether a row's product with a weight matrix has the same bits in a product of a few
+    rows (4, 8, 12, 16, 32: every forward here holds whole blocks) as in one of 256 rows, on
+    this CPU, at the embedded target's shapes. Batched decoding is exact where it does; a CPU
+    whose library rounds a row by the product's row count gives an agreement rate instead."""
+    g = torch.Generator().manual_seed(0)
+    for n, k in ((2048, 256), (768, 256), (256, 768), (256, 256)):
+        w, x = torch.randn(n, k, generator=g), torch.randn(1, 256, k, generator=g)
+        full = torch.nn.functional.linear(x, w)
+        if not all(torch.equal(torch.nn.functional.linear(x[:, :m], w), full[:, :m]) for m in (4, 8, 12, 16, 32)):
+            return False
+    return True
+
+
+EXACT = products_keep_their_bits()
+needs_exact = pytest.mark.skipif(not EXACT, reason="this CPU's matrix products round a row by the "
+                                 "product's row count (products_keep_their_bits): no bitwise promise")
+
+
+@needs_exact
 @pytest.mark.parametrize("name", list(DECODERS))
 def test_batched_equals_alone_for_every_decoder(name):
     spec, flags = DECODERS[name]
@@ -115,6 +135,7 @@ def rows_independent(model, ps):
     return all(torch.equal(a, b) for a, b in zip(alone, together))
 
 
+@needs_exact
 def test_a_rows_logits_do_not_depend_on_the_other_rows():
     tok, run, _ = prepared("none", 4, 0.0, {})
     model = pools_of(run)[0]
@@ -131,6 +152,7 @@ def test_a_rows_logits_do_not_depend_on_the_other_rows():
         del model.trunk
 
 
+@needs_exact
 def test_sample_prompts_file_equals_each_prompt_alone(tmp_path, capsys):
     """python sample.py --prompts-file F --batch 2 --json: a line a prompt, in the file's order,
     each as `--prompt <it> --seed <seed + i>` writes it, then the summary."""

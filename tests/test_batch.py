@@ -83,8 +83,8 @@ def test_batched_equals_alone_for_every_decoder(name):
         for temperature in (0.0, 0.8):
             strategy = rng.choice([None, None, "low_confidence_static", "entropy_bounded"]) if spec == "none" else None
             tok, run, kw = prepared(spec, B, temperature, flags, strategy)
-            slots, seed, n = rng.randint(1, 3), rng.randint(0, 99), rng.randint(1, 24)
-            ps = prompts(rng, tok, slots + rng.randint(1, 2))
+            slots, seed, n = rng.randint(1, 3), rng.randint(0, 99), rng.randint(4, 24)
+            ps = prompts(rng, tok, slots + 1)
             alone = [run(p, n, generator=torch.Generator().manual_seed(seed + i), **kw) for i, p in enumerate(ps)]
             together, pools = decode_all(lambda i, p, t, d: run(p, n, t, d, generator=torch.Generator().manual_seed(
                 seed + i), **kw), ps, pools_of(run), slots)

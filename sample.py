@@ -4,6 +4,7 @@
     python sample.py --spec spiffy --block-size 32
     python sample.py --spec none --prompt "ROMEO:" --temperature 0.8 --seed 1
     python sample.py --spec none --strategy low_confidence_static      # one token a step
+    python sample.py --spec simsd --prompts-file questions.jsonl --batch 8 --json   # many, together
     python sample.py --spec simsd --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --chat \\
         --device cuda --dtype bfloat16 --prompt "What is 17 * 23?"
 

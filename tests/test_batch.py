@@ -19,9 +19,10 @@ from decode import Session, packed_rows
 from serve.batch import decode_all
 from loading.checkpoint import PRESETS
 
-TEXT = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. How much does "
-        "Max have now?\nAnswer: 4 * 4 = 16. 16 + 2 = 18. The answer is 18.\n\nROMEO:\nBut soft, "
-        "what light through yonder window breaks? It is the east, and Juliet is the sun.\n")
+QA = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. How much does "
+      "Max have now?\nAnswer: 4 * 4 = 16. 16 + 2 = 18. The answer is 18.\n\n")
+TEXT = QA + QA + ("ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and "
+                  "Juliet is the sun.\n")   # (a question asked twice: lookup finds what to propose)
 DECODERS = {  # name -> (sample.py's --spec, the method's flags)
     "threshold": ("none", {}),
     "simsd": ("simsd", {}),
@@ -36,7 +37,7 @@ def prompts(rng, tok, n):
     ids = tok.encode(TEXT)
     out = []
     for _ in range(n):
-        length = rng.randint(1, 48)
+        length = rng.randint(1, 96)
         start = rng.randint(0, len(ids) - length)
         out.append(ids[start:start + length])
     return out
@@ -79,21 +80,21 @@ needs_exact = pytest.mark.skipif(not EXACT, reason="this CPU's matrix products r
 def test_batched_equals_alone_for_every_decoder(name):
     spec, flags = DECODERS[name]
     rng, reused, steps, compared = random.Random(f"batch-{name}"), 0, 0, 0
-    for B in (4, 8, 32):
-        for temperature in (0.0, 0.8):
-            strategy = rng.choice([None, None, "low_confidence_static", "entropy_bounded"]) if spec == "none" else None
-            tok, run, kw = prepared(spec, B, temperature, flags, strategy)
-            slots, seed, n = rng.randint(1, 3), rng.randint(0, 99), rng.randint(4, 24)
-            ps = prompts(rng, tok, slots + 1)
-            alone = [run(p, n, generator=torch.Generator().manual_seed(seed + i), **kw) for i, p in enumerate(ps)]
-            together, pools = decode_all(lambda i, p, t, d: run(p, n, t, d, generator=torch.Generator().manual_seed(
-                seed + i), **kw), ps, pools_of(run), slots)
-            for i, ((a, sa), (b, sb)) in enumerate(zip(alone, together)):
-                assert a == b, f"{name} B={B} T={temperature} prompt {i} of {len(ps)}, {slots} slots"
-                assert (sa["nfe"], sa["rows"], sa.get("nfe_draft")) == (sb["nfe"], sb["rows"], sb.get("nfe_draft"))
-            reused += len(ps) - slots
-            steps += sum(multistep(s) for _, s in together)
-            compared += len(ps)
+    sampled_at = rng.choice([8, 32])   # greedy and sampled at B = 4, one of each at 8 and 32
+    for B, temperature in [(4, 0.0), (4, 0.8), (8, 0.8 * (sampled_at == 8)), (32, 0.8 * (sampled_at == 32))]:
+        strategy = rng.choice([None, None, "low_confidence_static", "entropy_bounded"]) if spec == "none" else None
+        tok, run, kw = prepared(spec, B, temperature, flags, strategy)
+        slots, seed, n = rng.randint(1, 3), rng.randint(0, 99), rng.randint(4, 24)
+        ps = prompts(rng, tok, slots + 1)
+        alone = [run(p, n, generator=torch.Generator().manual_seed(seed + i), **kw) for i, p in enumerate(ps)]
+        together, pools = decode_all(lambda i, p, t, d: run(p, n, t, d, generator=torch.Generator().manual_seed(
+            seed + i), **kw), ps, pools_of(run), slots)
+        for i, ((a, sa), (b, sb)) in enumerate(zip(alone, together)):
+            assert a == b, f"{name} B={B} T={temperature} prompt {i} of {len(ps)}, {slots} slots"
+            assert (sa["nfe"], sa["rows"], sa.get("nfe_draft")) == (sb["nfe"], sb["rows"], sb.get("nfe_draft"))
+        reused += len(ps) - slots
+        steps += sum(multistep(s) for _, s in together)
+        compared += len(ps)
     print(f"{name}: {compared} requests compared, {reused} slots reused, {steps} multi-step rounds")
     assert reused > 0 and (steps > 0 or spec == "none")
 

@@ -41,7 +41,7 @@ from loading import util
 from measure import costs, reach
 from measure.counts import counting, reach_check
 from measure.graphs import graphs_for
-from serve.batch import decode_all as batch_decode
+from serve.batch import decode_all as batch_decode, rows_keep_their_bits
 from measure.sol import GPU_MODEL, modelled_gpu_cost, speed_of_light as sol
 from speculate import Settings
 from spiffy import DRAFT_BUDGET, spiffy_generate
@@ -236,10 +236,14 @@ def table(rows):
         f"counted forwards and host syncs (sol.GPU_MODEL), not a measurement"])
 
 
-def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, compile=None, dtype=None, **flags):
+def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, compile=None, dtype=None, batch=None,
+               **flags):
     """Every flag, before any file is read: ranges, --out writable, no flag that none of the
     methods reads (flags: drafter, sweep, ablate, draft_budget, gate, draft_*; None = unused)."""
     bases = [parse_method(m)[0] for m in methods]
+    if batch is not None and (len(set(batch)) < len(batch) or min(batch) < 1 or 1 not in batch):
+        raise ValueError(f"--batch {','.join(map(str, batch))}: give distinct sizes >= 1, 1 among them (the "
+                         "baseline of 'x batch 1' and '= batch 1')")
     if compile == "drafter" and not set(bases) & set(DRAFTED):
         raise ValueError("--compile drafter: none of --methods runs a drafter (simsd does)")
     if not methods or len(set(methods)) < len(methods) or len(set(block_sizes)) < len(block_sizes):
@@ -337,7 +341,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
         return 0
     simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead, lookup_n=lookup_n, draft_steps=draft_steps)
     methods = [SPECS.get(m, m) for m in methods]     # rows under the names of what they run
-    check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, compile, dtype, drafter=drafter,
+    check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, compile, dtype, batch, drafter=drafter,
                sweep=sweep, ablate=ablate or None, draft_budget=draft_budget, **simsd_kw)
     drafted, tag = any(parse_method(m)[0] in DRAFTED for m in methods), TAGS.get(compile)
     attention = cli.attention(attention, device, compile)   # eager and compiled rows alike
@@ -365,8 +369,8 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__, attention=attention,
                 tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats)
     if batch:   # many prompts decoded together: rows by batch size
-        return report(*by_batch(plan, batch, tasks, max_new_tokens, repeats, device, tgt.embed.weight.dtype == torch.float32),
-                      notes, out, dict(head, batches=batch))
+        exact = tgt.embed.weight.dtype == torch.float32 and device == "cpu" and rows_keep_their_bits()   # else a rate
+        return report(*by_batch(plan, batch, tasks, max_new_tokens, repeats, device, exact), notes, out, dict(head, batches=batch))
     result, rows, failed, after_warmup = by_block_size(
         plan, block_sizes, tasks, max_new_tokens, tok, repeats, device, lambda name: compile and (
             not tag or name.endswith(tag)), tgt.embed.weight.dtype == torch.float32, out, dict(head, notes=notes))

@@ -110,7 +110,7 @@ class Attention(nn.Module):
                 y.append(flex_attention(*qkv, block_mask=m, enable_gqa=True, kernel_options=opts))
             else:
                 y.append(F.scaled_dot_product_attention(*qkv, attn_mask=m, enable_gqa=True))
-        return self.wo(torch.cat(y, dim=2).transpose(1, 2).reshape(b, T, -1))
+        return self.wo((y[0] if len(y) == 1 else torch.cat(y, 2)).transpose(1, 2).reshape(b, T, -1))
 
 
 def flex_kernel_options(rows, group):

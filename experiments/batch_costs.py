@@ -20,7 +20,7 @@ import cli  # noqa: E402
 import mask as masks  # noqa: E402
 from loading import util  # noqa: E402
 from measure import costs  # noqa: E402
-from serve.batch import Pool, Slot  # noqa: E402
+from serve.batch import Call, Pool, Slot  # noqa: E402
 
 SMOKE = "--runs 3 --requests 1,2 --rows 4"
 SMOKE_OUTPUT = r" 2 requests x  4 rows =    8 rows: batched +\d+\.\d\d ms, the table's ( *\d+\.\d\d ms|none)"
@@ -38,9 +38,9 @@ def main(requests=(1, 4, 8, 16), rows=(4, 8, 16), runs=30, threads=2, block_size
         pool = Pool(model, N)
         pool.reserve(start + max(rows))
         for T in rows:
-            calls = [(Slot(model, pool, i, None), torch.full((T,), model.config.mask_token_id),
-                      torch.arange(start, start + T), start, masks.block_causal(block_size, torch.tensor(start)),
-                      T, None) for i in range(N)]
+            calls = [Call(Slot(model, pool, i, None), torch.full((T,), model.config.mask_token_id),
+                          torch.arange(start, start + T), start, masks.block_causal(block_size, torch.tensor(start)),
+                          T, None) for i in range(N)]
             times = []
             with torch.no_grad():
                 for k in range(runs + 5):

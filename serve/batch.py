@@ -9,15 +9,19 @@ then runs ONE forward of each model for all the requests waiting on it, and resu
 That forward packs the requests' query rows into one sequence (no padding). Each request owns
 a slot of the model's KV cache, rows [slot x L, (slot + 1) x L); its queries are written at
 its own cursor and see only its own slot, through its own mask, so a row's logits are the ones
-its solo forward computes. On a CPU, bit for bit (tests/test_batch.py).
+its solo forward computes: on this CPU bit for bit (rows_keep_their_bits; tests/test_batch.py).
 """
 import threading
-from collections import Counter
+from collections import Counter, namedtuple
 
 import torch
 
 import mask as masks
 from decode import to_device
+
+# A parked forward, as decode.Session makes it: the request's Slot, its (T,) token ids and
+# positions, its cache cursor, its mask_mod, and which logits it keeps (model.forward's keep, rows)
+Call = namedtuple("Call", "slot idx pos start mask keep rows")
 
 
 class Slot:
@@ -28,64 +32,79 @@ class Slot:
         self.model, self.pool, self.index, self.request = model, pool, index, request
         self.config, self.embed = model.config, model.embed
 
-    def setup_cache(self, max_len, batch=1):
+    def setup_cache(self, max_len, batch=1):   # (a slot holds one sequence)
         self.pool.reserve(max_len)
 
     @property
     def kv(self):   # this request's rows of every layer's keys and values
-        L = self.pool.rows
+        L = self.pool.slot_len
         return self.model.kv[..., self.index * L:(self.index + 1) * L, :]
 
     def __call__(self, idx, pos, start, mask, keep=None, rows=None):
-        return self.request.park((self, idx[0], pos, start, mask, keep, rows))
+        return self.request.park(Call(self, idx[0], pos, start, mask, keep, rows))
 
 
 class Pool:
-    """One model's cache as n slots of `rows` rows each (a power of two), grown on demand."""
+    """One model's cache as n slots of `slot_len` rows each (a power of two), grown on demand;
+    the forwards it ran, by their packed query rows."""
 
     def __init__(self, model, n):
-        self.model, self.n, self.rows = model, n, 0
-        self.forwards, self.query_rows = 0, Counter()   # forwards by their packed rows
+        self.model, self.n, self.slot_len = model, n, 0
+        self.forwards, self.query_rows = 0, Counter()
 
     def slot_bytes(self):
         """A slot's KV cache: rows x layers x (k, v) x KV heads x head size x the dtype's bytes."""
-        return self.rows * self.model.kv[..., :1, :].nbytes
+        return self.slot_len * self.model.kv[..., :1, :].nbytes
 
     def reserve(self, max_len):
         """Room for max_len rows a slot: a bigger cache, every slot's rows copied over."""
-        rows = max(256, 1 << (max_len - 1).bit_length())
-        if rows <= self.rows:
+        L = max(256, 1 << (max_len - 1).bit_length())
+        if L <= self.slot_len:
             return
-        old, L = self.model.kv, self.rows
+        old, was = self.model.kv, self.slot_len
         self.model.kv = None
-        self.model.setup_cache(self.n * rows)
-        for i in range(self.n if L else 0):
-            self.model.kv[..., i * rows:i * rows + L, :] = old[..., i * L:(i + 1) * L, :]
-        self.rows = rows
+        self.model.setup_cache(self.n * L)
+        for i in range(self.n if was else 0):
+            self.model.kv[..., i * L:i * L + was, :] = old[..., i * was:(i + 1) * was, :]
+        self.slot_len = L
 
     @torch.no_grad()
     def forward(self, calls):
-        """ONE forward of the calls' queries, packed: [(slot, idx, pos, start, mask_mod, keep,
-        rows)] as Session.forward makes them -> each call's logits, as model.forward gives."""
-        model, L, device = self.model, self.rows, self.model.embed.weight.device
+        """ONE forward of the Calls' queries, packed -> each call's logits, as model.forward
+        gives them: attention and the head run per request, the shapes of its solo forward."""
+        model, L, device = self.model, self.slot_len, self.model.embed.weight.device
         build = masks.block_mask if model.attn_impl == "flex" else masks.dense_mask
-        parts, written, end = [], [], 0
-        for slot, idx, _, start, mask_mod, *_ in calls:   # each its own rows, keys and mask
-            T, base = len(idx), slot.index * L
-            parts.append((slice(end, end + T), slice(base, base + start + T),
-                          build(mask_mod, T, start + T, device)))
-            written += range(base + start, base + start + T)
-            end += T
-        x = model.trunk(torch.cat([c[1] for c in calls])[None], torch.cat([c[2] for c in calls]),
+        parts, written, at = [], [], 0
+        for c in calls:   # each its own rows, keys and mask
+            T, base = len(c.idx), c.slot.index * L
+            parts.append((slice(at, at + T), slice(base, base + c.start + T),
+                          build(c.mask, T, c.start + T, device)))
+            written += range(base + c.start, base + c.start + T)
+            at += T
+        x = model.trunk(torch.cat([c.idx for c in calls])[None], torch.cat([c.pos for c in calls]),
                         to_device(written, device), parts)
         self.forwards += 1
-        self.query_rows[end] += 1
+        self.query_rows[at] += 1
         out = []
-        for (slot, idx, _, _, _, keep, rows), (queries, *_) in zip(calls, parts):
+        for c, (queries, *_) in zip(calls, parts):
             end = queries.stop
-            xi = x[:, end - (len(idx) if keep is None else keep):end]
-            out.append(model.head(xi if rows is None else xi[:, rows]))
+            xi = x[:, end - (len(c.idx) if c.keep is None else c.keep):end]
+            out.append(model.head(xi if c.rows is None else xi[:, c.rows]))
         return out
+
+
+def rows_keep_their_bits():
+    """Whether a row's product with a weight matrix has the same bits in a product of 4, 8, 12,
+    16 or 32 rows (every forward holds whole blocks) as in one of 256, on this machine's CPU:
+    what batched decoding's bit-for-bit equality with solo decoding rests on (MKL on an AMD
+    EPYC: yes, but not at 1-3, 5-7 or 9-11 rows). Where not, a batch promises an agreement rate."""
+    g = torch.Generator().manual_seed(0)
+    for n, k in ((2048, 256), (768, 256), (256, 768), (256, 256)):
+        w, x = torch.randn(n, k, generator=g), torch.randn(1, 256, k, generator=g)
+        full = torch.nn.functional.linear(x, w)
+        if not all(torch.equal(torch.nn.functional.linear(x[:, :m], w), full[:, :m]) for m in (4, 8, 12, 16, 32)):
+            return False
+    return True
 
 
 class Request:
@@ -94,6 +113,7 @@ class Request:
 
     def __init__(self, index, decode):
         self.index, self.done, self.result, self.error, self.call = index, False, None, None, None
+        self.reply = None
         self._go, self._parked = threading.Semaphore(0), threading.Semaphore(0)
         self.thread = threading.Thread(target=self._run, args=(decode,), daemon=True)
         self.thread.start()
@@ -108,7 +128,7 @@ class Request:
         self._parked.release()
 
     def resume(self, reply=None):
-        """From decode_all: run until the next forward (-> its call) or the end (-> None)."""
+        """From decode_all: run until the next forward (-> its Call) or the end (-> None)."""
         self.reply = reply
         self._go.release()
         self._parked.acquire()
@@ -124,50 +144,51 @@ class Request:
         return self.reply
 
 
-class Abandoned(Exception):
-    """Thrown into a parked request when decode_all stops early."""
+class Abandoned(BaseException):
+    """Thrown into a parked request when decode_all stops early (a BaseException, like
+    GeneratorExit: a decoder's `except Exception` does not swallow it)."""
 
 
 def decode_all(decode, prompts, models, n_slots):
     """decode(i, prompt, *slots) -> a result: prompt i decoded alone, on models given as Slots
     (None stays None). At most n_slots requests live at a time; a finished one's slot takes the
     next prompt, whose prefill joins the next forward of its model. A step runs one forward of
-    each model (in `models`' order) that some request waits on. -> ([result a prompt, in
-    order], {model index: its Pool}: forwards and rows)."""
+    each model (in `models`' order) that some request waits on. -> ([a result a prompt, in
+    order], [each model's Pool, or None]: its forwards and rows). Each request must draw from
+    its own generator (a sampled decode without one draws from torch's global stream)."""
     if n_slots < 1:
         raise ValueError(f"--batch must be >= 1, got {n_slots}")
     n_slots = min(n_slots, len(prompts))
     pools = [m and Pool(m, n_slots) for m in models]
     todo, results, live, calls = iter(enumerate(prompts)), [None] * len(prompts), {}, {}
 
-    def start(s):   # the next prompt into slot s, run to its first forward
-        for i, prompt in todo:
-            live[s] = Request(i, lambda r, i=i, p=prompt: decode(i, p, *(
+    def fill(s):   # the next prompt, if any, into slot s
+        if (job := next(todo, None)) is not None:
+            i, prompt = job
+            live[s] = Request(i, lambda r: decode(i, prompt, *(
                 pool and Slot(m, pool, s, r) for m, pool in zip(models, pools))))
-            if advance(s):
-                return
 
-    def advance(s, reply=None):   # -> whether slot s now waits on a forward
-        r = live[s]
-        call = r.resume(reply)
-        if call is None:
+    def run(s, reply=None):   # slot s's request on to its next forward (a finished one replaced)
+        while s in live:
+            r = live[s]
+            call = r.resume(reply)
+            if call is not None:
+                calls[s] = call
+                return
             del live[s]
             if r.error is not None:
                 raise r.error
-            results[r.index] = r.result
-            start(s)
-            return s in live
-        calls[s] = call
-        return True
+            results[r.index], reply = r.result, None
+            fill(s)
     try:
         for s in range(n_slots):
-            start(s)
+            fill(s)
+            run(s)
         while calls:
             for pool in filter(None, pools):
-                group = sorted(s for s, call in calls.items() if call[0].pool is pool)
-                if group:
-                    for s, logits in zip(group, pool.forward([calls.pop(s) for s in group])):
-                        advance(s, logits)
+                group = sorted(s for s, call in calls.items() if call.slot.pool is pool)
+                for s, logits in zip(group, pool.forward([calls.pop(s) for s in group]) if group else ()):
+                    run(s, logits)
     finally:
         for r in live.values():
             if not r.done:

@@ -16,7 +16,7 @@ import sample
 from cli import DEFAULT_TARGET
 from conftest import make_model
 from decode import Session, packed_rows
-from serve.batch import decode_all
+from serve.batch import decode_all, rows_keep_their_bits
 from loading.checkpoint import PRESETS
 
 QA = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. How much does "
@@ -56,23 +56,9 @@ def multistep(stats):
         sum(n for k, n in stats.get("accept_hist", {}).items() if k > 0)
 
 
-def products_keep_their_bits():
-    """Whether a row's product with a weight matrix has the same bits in a product of a few
-    rows (4, 8, 12, 16, 32: every forward here holds whole blocks) as in one of 256 rows, on
-    this CPU, at the embedded target's shapes. Batched decoding is exact where it does; a CPU
-    whose library rounds a row by the product's row count gives an agreement rate instead."""
-    g = torch.Generator().manual_seed(0)
-    for n, k in ((2048, 256), (768, 256), (256, 768), (256, 256)):
-        w, x = torch.randn(n, k, generator=g), torch.randn(1, 256, k, generator=g)
-        full = torch.nn.functional.linear(x, w)
-        if not all(torch.equal(torch.nn.functional.linear(x[:, :m], w), full[:, :m]) for m in (4, 8, 12, 16, 32)):
-            return False
-    return True
-
-
-EXACT = products_keep_their_bits()
+EXACT = rows_keep_their_bits()
 needs_exact = pytest.mark.skipif(not EXACT, reason="this CPU's matrix products round a row by the "
-                                 "product's row count (products_keep_their_bits): no bitwise promise")
+                                 "product's row count (serve.batch.rows_keep_their_bits): no bitwise promise")
 
 
 @needs_exact

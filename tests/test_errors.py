@@ -213,6 +213,7 @@ CASES = {
     "prompts-file-missing": (None, "sample.py --prompts-file {d}/none.jsonl", "not found"),
     "prompt-and-prompts-file": (lambda d: file(d, "p.jsonl", '{"question": "a"}\n'),
                                 "sample.py --prompt hi --prompts-file {t}", "--prompt and --prompts-file"),
+    "bench-batch-without-1": (None, "bench.py --methods threshold --batch 4,16", "--batch 4,16: give distinct sizes >= 1, 1 among"),
     "batch-0": (lambda d: file(d, "p.jsonl", '{"question": "a"}\n'), "sample.py --prompts-file {t} --batch 0",
                 "--batch must be >= 1, got 0"),
     "block-size-0": (None, "sample.py --block-size 0", "--block-size must be >= 1, got 0"),

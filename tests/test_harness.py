@@ -172,7 +172,11 @@ def test_without_lm_eval_a_one_line_error(monkeypatch):
 
 def test_a_batch_gives_batch_1s_answers(harness):
     """--batch_size 3 decodes the requests together, request i from seed + i (sampled here): the
-    answers batch 1 gives, and request 1's is sample.py's with --seed 1."""
+    answers batch 1 gives, and request 1's is sample.py's with --seed 1 (where this CPU's products
+    keep a row's bits: serve.batch.rows_keep_their_bits)."""
+    from serve.batch import rows_keep_their_bits
+    if not rows_keep_their_bits():
+        pytest.skip("this CPU's matrix products round a row by the product's row count: no bitwise promise")
     from lm_eval.api.instance import Instance
     prompts = [f"Question: {p['question']}\nAnswer:" for p in PROBLEMS[:5]]
     requests = [Instance("generate_until", {}, (p, {"until": ["Question:"]}), i) for i, p in enumerate(prompts)]

@@ -29,7 +29,7 @@ if a lossless method or a compiled row changed a token in fp32 (in bf16: agreeme
         --device cuda --dtype bfloat16 --compile --chat
 """
 import argparse, hashlib, json, statistics, sys, time
-from collections import Counter
+from collections import Counter, defaultdict
 
 import torch
 from torch._dynamo.utils import counters
@@ -41,8 +41,8 @@ from loading import util
 from measure import costs, reach
 from measure.counts import counting, reach_check
 from measure.graphs import graphs_for
-from serve.batch import decode_all as batch_decode, rows_keep_their_bits
 from measure.sol import GPU_MODEL, modelled_gpu_cost, speed_of_light as sol
+from serve.batch import decode_all as batch_decode, rows_keep_their_bits
 from speculate import Settings
 from spiffy import DRAFT_BUDGET, spiffy_generate
 from training.tasks import TASKS, calibration_prompts, extract_answer, load_tasks
@@ -148,7 +148,7 @@ def by_batch(plan, batches, tasks, max_new_tokens, repeats, device, exact):
     repeats, against threshold at the same N and its own N = 1, and each output against N = 1's
     (a change in fp32 fails the run). -> (rows, failures)"""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    prompts, walls, first = [ids for ids, _ in tasks], Counter(), {}
+    prompts, walls, first = [ids for ids, _ in tasks], defaultdict(list), {}
     go = lambda run, n, N, ps=prompts: batch_decode(lambda i, p, t, d: run(p, n, t, d), ps, run.models, N)
     for (_, B), (_, run) in plan.items():       # warm-up: one block of N prompts at every N
         for N in batches:
@@ -159,7 +159,6 @@ def by_batch(plan, batches, tasks, max_new_tokens, repeats, device, exact):
             t0, syncs, N = time.perf_counter(), SYNCS["host"], batches[r % len(batches)]
             results, pools = go(run, max_new_tokens, N)
             sync()
-            walls[key, N] = walls[key, N] or []
             walls[key, N].append(time.perf_counter() - t0)
             first.setdefault((key, N), (results, pools, SYNCS["host"] - syncs))
     return batch_rows(first, walls, batches, exact)
@@ -170,7 +169,7 @@ def batch_rows(first, walls, batches, exact):
     rows, failed = [], []
     for ((name, B), N), (results, (tgt, drf), syncs) in first.items():
         tokens, outs = sum(len(o) for o, _ in results), [o for o, _ in results]
-        same = [a == b for a, b in zip(outs, [o for o, _ in first[(name, B), batches[0]][0]])]
+        same = [a == b for a, b in zip(outs, [o for o, _ in first[(name, B), 1][0]])]
         rows.append(dict(method=name, block_size=B, batch=N, tokens=tokens, tokens_per_s=tokens / statistics.median(
             walls[(name, B), N]), target_fwd_per_token=tgt.forwards / tokens, same_as_batch_1=sum(same) / len(same),
             rows_per_forward=sum(T * n for T, n in tgt.query_rows.items()) / tgt.forwards,
@@ -178,7 +177,7 @@ def batch_rows(first, walls, batches, exact):
                 tgt.slot_bytes() + (drf.slot_bytes() if drf else 0)) / 2 ** 20,
             gpu_fwd_equiv_per_token=modelled_gpu_cost(tgt.query_rows, drf.query_rows if drf else {}, tokens, syncs)))
         if exact and not all(same):
-            failed.append(f"{name} at B={B}, batch {N} differs from batch {batches[0]} on {len(same) - sum(same)} prompt(s)")
+            failed.append(f"{name} at B={B}, batch {N} differs from batch 1 on {len(same) - sum(same)} prompt(s)")
     at = {(r["method"], r["block_size"], r["batch"]): r["tokens_per_s"] for r in rows}
     for r in rows:
         r["speedup_vs_threshold"] = r["tokens_per_s"] / at.get(("threshold", r["block_size"], r["batch"]), float("nan"))

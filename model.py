@@ -102,9 +102,9 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)  # (b, nh, T, hd), (b, nkv, T, hd)
         k, v = (k, v) if start is None else self.cache.update(start, k, v)   # (b, nkv, start+T, hd)
-        y, group = [], self.n_head // self.n_kv_head   # a list of masks: requests packed (serve/),
-        for rows, keys, m in mask if isinstance(mask, list) else [(slice(None), slice(None), mask)]:
-            qkv = q[:, :, rows], k[:, :, keys], v[:, :, keys]      # each its rows, keys and mask
+        y, group = [], self.n_head // self.n_kv_head   # a list of masks: packed requests (serve/),
+        for rows, keys, m in mask if isinstance(mask, list) else [(None, None, mask)]:  # one each
+            qkv = (q, k, v) if rows is None else (q[:, :, rows], k[:, :, keys], v[:, :, keys])
             if isinstance(m, BlockMask):
                 opts = flex_kernel_options(qkv[0].shape[2], group) if q.is_cuda else None
                 y.append(flex_attention(*qkv, block_mask=m, enable_gqa=True, kernel_options=opts))

@@ -160,12 +160,12 @@ def encoded(tok, texts, chat, config, max_new_tokens, prompts_file):
     """-> (the texts, in the chat template with --chat, their ids), each prompt checked before
     any is decoded (a prompt too long for the context: an error naming it)."""
     texts = [tok.apply_chat_template(t) if chat else t for t in texts]
-    for k, text in enumerate(texts):
+    for k, one in enumerate(ids := [tok.encode(t) for t in texts]):
         try:
-            check_prompt(tok.encode(text), config, max_new_tokens)
+            check_prompt(one, config, max_new_tokens)
         except ValueError as e:
             raise ValueError(f"prompt {k} of {prompts_file}: {e}" if prompts_file else e) from None
-    return texts, [tok.encode(t) for t in texts]
+    return texts, ids
 
 
 def many(run, prompts, tok, models, batch, seed, max_new_tokens, compile, as_json, t0, kw):

@@ -11,16 +11,17 @@ compares it with `threshold`, the others with `plain`, one token a step):
   simsd-lossless  exact states, plain decoding's rule walked through them (must equal plain)
   simsd-trajectory, simsd-lookup   the same without a drafter (variants.py), and -paper: their
                   tokens on the temporal mask, accepted on agreement
-  spiffy+static   draft graphs from the target itself instead of a drafter (must equal plain);
-  none, simsd, spiffy: sample.py's --spec names, what that spec runs (SPECS)
+  spiffy+static   draft graphs from the target itself instead of a drafter (must equal plain)
+  none, simsd, spiffy   sample.py's --spec names: what that spec runs (SPECS)
 
-Per row: tokens/s and its ratio to `threshold` and `sdar` in this run, forwards per token,
-tokens per target forward (and its fraction of the limit B (1 + K), K the blocks a round can
-reach past its own), host syncs per target forward, accuracy, "same": the share of prompts
-whose output is its plain counterpart's, and "= eager", a compiled row's with its eager self.
-Prompts are interleaved, warm-up (compiling) is timed apart, wall time is the median over
---repeats; the JSON is saved after each block size; the last line is one JSON object. Exit 1
-if a lossless method or a compiled row changed a token in fp32 (in bf16: agreement rates).
+Per row: tokens/s and its ratio to `threshold` and `sdar` in this run, forwards per token, tokens
+per target forward (and its fraction of the limit B (1 + K), K the blocks a round can reach past
+its own), host syncs per target forward, accuracy, "same": the share of prompts whose output is
+its plain counterpart's, and "= eager", a compiled row's with its eager self. Prompts are
+interleaved, warm-up (compiling) is timed apart, wall time is the median over --repeats; the JSON
+is saved after each block size; the last line is one JSON object. Exit 1 if a lossless method or
+a compiled row changed a token in fp32 (in bf16: agreement rates). SimSD's drafter runs only in
+rounds it is expected to pay in (fast.gated: the cost table's drafting, tools/costs.py --drafter).
 
     python bench.py --block-size 4,8,32 --prompts 40 --repeats 2 --out docs/bench.json
     python bench.py --quick                # smoke test, < 60 s on 2 CPU cores
@@ -62,6 +63,7 @@ NAMES = ("sdar", "plain", "threshold", *SIMSD, *(f"{m}+threshold" for m in SIMSD
 METHODS = ("sdar", "plain", "threshold", "simsd-gated", "simsd-lossless+threshold", "spiffy+static",
            "spiffy+threshold")
 LOSSLESS = ("sdar", *(m for m in SIMSD if "lossless" in SIMSD[m].values()), "spiffy")   # exact: must equal plain
+ALIAS = {"simsd-lossless": "simsd"}   # a row's method -> its tables' (measure/reach.METHODS)
 SPECS = {"none": "threshold", "simsd": "simsd-lossless+threshold", "spiffy": "spiffy+threshold"}  # sample.py's
 ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "position order", dict(order="position")))
 TAGS = {"both": " compiled", "drafter": " (drafter compiled)"}   # --compile both / drafter: the extra rows' names end so
@@ -92,22 +94,25 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     rule = cli.make_rule(target, B, cli.THRESHOLD if threshold else None, strategy=None if threshold else strategy)
     seeded = lambda: torch.Generator(target.embed.weight.device).manual_seed(0)
     drafter = drafter if base in DRAFTED else None
-    table = costs.named(simsd["cost"]) if "cost" in simsd else {}      # what the row says of it
-    if "cost" in simsd:   # the speed devices (fast.py): copies capped, their reach calibrated, sized
-        simsd["cut"] = fast.cutter(simsd.pop("cost"), simsd.get("max_rows"), B, simsd.pop("scales")(base, rule))
+    table, alone = costs.named(simsd["cost"]) if "cost" in simsd else {}, None      # what the row says of it
+    if "cost" in simsd:   # the speed devices (fast.py): copies capped, their reach calibrated, sized;
+        cost, scales = simsd.pop("cost"), simsd.pop("scales")   # SimSD's drafter only where it pays
+        simsd |= dict(cut=fast.cutter(cost, simsd.get("max_rows"), B, scales(base, rule)), **dict(
+            draft=cli.drafter_gate(cost, drafter, scales.target, rule, **SIMSD[base])) if base in SIMSD else {})
+        if alone := base in LOSSLESS and cli.rule_alone(cost, scales.target, ALIAS.get(base, base), rule):
+            table["rule_alone"] = scales.note(alone)
     rows = simsd.pop("max_rows", None)
-    if base in ("sdar", "plain"):   # t, d: the models, or serve.batch's stand-ins for them
-        run = lambda ids, n, t=target, d=None: generate(t, ids, n, rule, fuse_commit=base == "plain", generator=seeded())
+    if base in ("sdar", "plain") or alone:   # t, d: the models, or serve.batch's stand-ins for them
+        run = lambda ids, n, t=target, d=None: generate(t, ids, n, rule, fuse_commit=base != "sdar", generator=seeded())
     elif base in SIMSD:
-        run = lambda ids, n, t=target, d=drafter: simsd_generate(t, d, ids, n, rule, generator=seeded(), draft=fast.draft,
-                                                                 walk=fast.walk, **simsd, **SIMSD[base])
+        run = lambda ids, n, t=target, d=drafter: simsd_generate(t, d, ids, n, rule, generator=seeded(),
+                                                                 walk=fast.walk, **{'draft': fast.draft, **simsd}, **SIMSD[base])
     else:
         graph = graphs(rule)
         run = lambda ids, n, t=target, d=None: counting(spiffy_generate)(t, ids, n, rule, graph, draft_budget, generator=seeded(),
                                                                          walk=fast.walk, **simsd)
     blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, rows)
-    run.warm, run.table = dict(target=target, drafter=drafter, max_blocks=blocks), table   # cli.warm_up's; the row's
-    run.models = (target, drafter)
+    run.warm, run.table, run.models = dict(target=target, drafter=drafter, max_blocks=blocks), table, (target, drafter)
     return run
 
 
@@ -231,8 +236,7 @@ def table(rows):
     widths = [max(len(c[0]), *(len(x[i]) for x in cells)) for i, c in enumerate(columns)]
     line = lambda xs: "  ".join(x.rjust(w) for x, w in zip(xs, widths))
     return "\n".join([line([c for c, _, _ in columns])] + [line(x) for x in cells] + [
-        f"* GPU fwd/tok: target-forward equivalents per token, {GPU_MODEL['pair']}: a model of the "
-        f"counted forwards and host syncs (sol.GPU_MODEL), not a measurement"])
+        f"* GPU fwd/tok: target-forward equivalents per token, {GPU_MODEL['pair']}: a model of the counted forwards and host syncs (sol.GPU_MODEL), not a measurement"])
 
 
 def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, compile=None, dtype=None, batch=None,
@@ -241,8 +245,7 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
     methods reads (flags: drafter, sweep, ablate, draft_budget, gate, draft_*; None = unused)."""
     bases = [parse_method(m)[0] for m in methods]
     if batch is not None and (len(set(batch)) < len(batch) or min(batch) < 1 or 1 not in batch):
-        raise ValueError(f"--batch {','.join(map(str, batch))}: give distinct sizes >= 1, 1 among them (the "
-                         "baseline of 'x batch 1' and '= batch 1')")
+        raise ValueError(f"--batch {','.join(map(str, batch))}: give distinct sizes >= 1, 1 among them (the baseline of 'x batch 1')")
     if compile == "drafter" and not set(bases) & set(DRAFTED):
         raise ValueError("--compile drafter: none of --methods runs a drafter (simsd does)")
     if not methods or len(set(methods)) < len(methods) or len(set(block_sizes)) < len(block_sizes):
@@ -336,8 +339,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     uses them. speed_of_light: a preset or checkpoint directory: measure/sol.py's figures instead."""
     if speed_of_light:
         cli.check_device(device, dtype)
-        sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile, quick=quick, attention=cli.attention(attention, device, compile))
-        return 0
+        return sol(speed_of_light, device, getattr(torch, dtype or "float32"), compile, quick=quick, attention=cli.attention(attention, device, compile)) or 0
     simsd_kw = dict(gate=gate, draft_threshold=draft_threshold, draft_stop=draft_stop, lookahead=lookahead, lookup_n=lookup_n, draft_steps=draft_steps)
     methods = [SPECS.get(m, m) for m in methods]     # rows under the names of what they run
     check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, out, compile, dtype, batch, drafter=drafter,
@@ -355,14 +357,13 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     graphs = graphs_for(target, tgt, lambda: calibration_prompts(data, len(tasks), tok, chat, notes), notes)
     cost = {B: costs.cost_model(target, tgt, B, cost_table) for B in block_sizes}
     notes += [f"B={B}: copies sized by {how}" for B, (_, how) in cost.items()]
-    # every method is compared with its plain counterpart (plain or threshold): run it too
     methods = list(methods) + [p for p in ("plain", "threshold") if p not in methods and any(
-        parse_method(m)[1] == (p == "threshold") for m in methods)]
+        parse_method(m)[1] == (p == "threshold") for m in methods)]   # each method's plain counterpart runs too
     rows_cap = {B: cli.max_rows(max_rows, device, compile, B) for B in block_sizes}
     notes += [f"B={B}: at most {n} rows of copies a verification" for B, n in rows_cap.items() if n]
     plan = {k: v for end, (t, d) in pairs.items() for k, v in plan_runs(
         [m for m in methods if end != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep,
-        ablate, strategy, draft_budget or DRAFT_BUDGET, cost, rows_cap, reach.finder(target, notes, {"simsd-lossless": "simsd"}), end,
+        ablate, strategy, draft_budget or DRAFT_BUDGET, cost, rows_cap, reach.finder(target, notes, ALIAS), end,
         **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
     cli.warn(*dict.fromkeys(c.stale for c, _ in cost.values() if c))   # a table measured on other code
     head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__, attention=attention,

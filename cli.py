@@ -23,6 +23,7 @@ from speculate import DRAFT_STOP, DRAFT_THRESHOLD, LOOKAHEAD, Settings
 from variants import ACCEPTS, GATE, LOOKUP_N, REFERENCES
 from spiffy import DRAFT_BUDGET
 from loading.tokenizer import check_same_tokenizer, load_tokenizer
+from measure import costs, reach
 
 ROOT = Path(__file__).parent
 DEFAULT_TARGET, DEFAULT_DRAFTER = ROOT / "models/target", ROOT / "models/drafter"
@@ -105,6 +106,28 @@ def load_drafter(path, target, tok, block_sizes, device="cpu", dtype=None):
             (target.config.vocab_size, target.config.mask_token_id):
         raise ValueError("drafter and target differ in vocabulary size or mask token id")
     return drafter
+
+
+def drafter_gate(cost, drafter, target_dir, rule, verifier=None, acceptance=None, **_):
+    """SimSD's drafter loop as the command lines run it: fast.draft, in a lossless round on
+    copies gated (fast.gated) by the cost table's drafting and the reach table's means a round,
+    so that it runs only where it is expected to pay."""
+    if drafter is None or verifier == "temporal" or acceptance not in (None, "lossless"):
+        return fast.draft
+    return fast.gated(fast.draft, cost, costs.drafting(cost, drafter),
+                      reach.per_round(target_dir, "simsd", rule))
+
+
+def rule_alone(cost, target_dir, method, rule):
+    """Why `method` (measure/reach.METHODS) runs as the rule alone at this block size on this
+    device, or None: its copies would not pay in any round (fast.pays on the reach table's
+    means a round, proposing free but for one drafter step at its cheapest)."""
+    per_round = None if cost is None else reach.per_round(target_dir, method, rule)
+    if per_round is None or fast.pays(cost, per_round, min(
+            cost.draft_step_s if method == "simsd" and cost.draft_step_s else [0.0])):
+        return None
+    return (f"B={rule.block_size} {method}: copies would not pay here ({per_round[0]:.2f} steps "
+            f"a round for {per_round[1]:.1f} copies, by the cost and reach tables): the rule alone")
 
 
 def simsd_drafter(target, drafter, reference, model, tok, block_size, device="cpu", dtype=None):

@@ -189,10 +189,10 @@ class Session:
         self.rows[T] += 1
         return logits[0]
 
-    def prefill(self, ids):
+    def prefill(self, ids, now=True):     # now=False: the rows wait for the next forward
         if len(ids):
             self.pending = ids
-            self.flush()
+            self.flush() if now else None
 
     def commit(self, block, copy=None):
         """The finished `block` joins the cache: from `copy`, the last forward's block of queries
@@ -289,8 +289,8 @@ def round_loop(one_round, sessions, prompt, rule, max_new_tokens, stops, on_bloc
         return out, dict(stop=stop, tokens=len(out), seconds=time.perf_counter() - t0,
                          syncs=SYNCS["host"] - syncs, nfe=sessions[0].nfe,
                          rows=dict(sessions[0].rows))
-    for s in sessions:
-        s.prefill(to_device(prompt[:n_prefix], device))
+    for i, s in enumerate(sessions):      # a drafter's with its first forward (it may never run)
+        s.prefill(to_device(prompt[:n_prefix], device), now=i == 0)
     out, known = [], len(prompt) - n_prefix          # known: prompt tokens in the open block
     host = prompt[n_prefix:] + [mask_id] * (B - known)
     front = Frontier(to_device(host, device), torch.arange(n_prefix, n_prefix + B, device=device),

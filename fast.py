@@ -5,6 +5,9 @@ forwards (tests/test_fast.py).
 - draft: SimSD's drafter loop with ONE host sync a round (speculate.draft's drafts).
 - walk: the verification walk with ONE host sync a round, for a rule whose step depends on
   nothing but the state and its logits (every copy is stepped at once); else verify.walk.
+- pays, gated: whether a round's copies are expected to pay, from the cost table and a reach
+  table's means a round; SimSD's drafter run only in rounds where they do, decided before it
+  runs (its forwards and ops cost too).
 - cutter: the copies a round verifies, cut to a row cap (a GPU's static buckets) and sized by
   a cost table (costs.py): the prefix with the most expected steps a second, each copy's
   reach calibrated by a reach table (measure/reach.py).
@@ -66,6 +69,33 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
     reach = list(accumulate((reach[i] for i in at), lambda a, b: a * b))   # p_draft's product
     return Draft(at, [tokens[i] for i in at], [tau[i] for i in at],
                  p_at[to_device(at, window.device)], reach)
+
+
+def pays(cost, per_round, spend=0.0):
+    """Whether a speculative round is expected to give more steps a second than the rule alone:
+    per_round = (steps it walks, copies past the open block it verifies), for `spend` seconds of
+    proposing and a forward of 1 + copies (cost: a cost table's); the rule alone walks 1 step
+    for a forward of 1. Nothing is timed: the same tables, the same decisions."""
+    steps, copies = per_round
+    return steps / (spend + cost(1 + copies)) > 1 / cost(1)
+
+
+def gated(draft, cost, step_s, per_round):
+    """SimSD's drafter loop `draft`, run only in rounds where it pays (decided before it runs):
+    drafting k steps at `ahead` blocks spends k * step_s[ahead] seconds (a cost table's,
+    measure/costs.py: the drafter's forwards AND its ops), and a drafted round walks and
+    verifies a reach table's means a round (per_round). A round that does not pay proposes
+    nothing: the rule's own step (the drafter's cache catches up when it next runs). Without
+    step_s or per_round: `draft` itself."""
+    if not step_s or not per_round:
+        return draft
+
+    def gated_draft(sess, front, rule, s, ahead, stops, generator=None):
+        k = min(s.draft_steps, front.n_masked + ahead * len(front.host))      # as draft runs
+        if pays(cost, per_round, k * step_s[min(ahead, len(step_s) - 1)]):
+            return draft(sess, front, rule, s, ahead, stops, generator)
+        return Draft([], [], [], None, [])
+    return gated_draft
 
 
 def greedy_fixed_quota(rule):

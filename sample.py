@@ -15,7 +15,6 @@ warm-up; with --compile the warm-up compiles every graph and checks the tokens a
 with --json the last line is one JSON object. Bad input: one line `error: ...`, exit status 1.
 The calls from here to SimSD's first verification: docs/design.md, section 7.
 """
-import argparse
 import json
 import time
 import torch
@@ -46,7 +45,7 @@ def check_args(spec, device, block_size, max_new_tokens, threshold, temperature,
 
 
 def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtype, compile,
-            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None, attention="sdpa"):
+            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None, attention="sdpa", acceptance=None):
     """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), its copies'
     sizing in words, cli.warm_up's models, costs.stale's warning); kw: the decoder's own."""
     dtype = getattr(torch, dtype) if dtype else None
@@ -57,14 +56,18 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     drf, (cost, cost_note) = None, costs.cost_model(target, model, rule.block_size, cost_table)
     rows = cli.max_rows(max_rows, device, compile, rule.block_size)
     scale, reach_note = reach.find(target, reach.method_of(spec, reference), rule)   # the cut's reach
-    cost_note += (f"; at most {rows} rows of copies a forward" if rows else "") + f"; {reach_note}"
+    alone = spec != "none" and verifier != "temporal" and acceptance in (None, "lossless") and cli.rule_alone(
+        cost, target, reach.method_of(spec, reference), rule)     # copies would not pay in any round
+    cost_note += (f"; at most {rows} rows of copies a forward" if rows else "") + f"; {alone or reach_note}"
     # run(ids, n, **kw) decodes with `model` and `drf`, or the stand-ins serve.batch gives (t, d)
-    if spec == "none":
-        run = lambda ids, n, t=model, d=None, rule=rule, **kw: generate(t, ids, n, rule, **kw)
+    if spec == "none" or alone:
+        run = lambda ids, n, t=model, d=None, rule=rule, generator=None, on_block=None, **_: generate(
+            t, ids, n, rule, generator=generator, on_block=on_block)
     elif spec == "simsd":
         drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype)
+        draft = cli.drafter_gate(cost, drf, target, rule, verifier, acceptance)   # where it pays
         run = lambda ids, n, t=model, d=drf, rule=rule, **kw: simsd(t, d, ids, n, **{**dict(
-            rule=rule, reference=reference or "drafter", draft=fast.draft, walk=fast.walk,
+            rule=rule, reference=reference or "drafter", draft=draft, walk=fast.walk,
             cut=fast.cutter(cost, rows, rule.block_size, scale)), **kw})
     else:
         g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule)
@@ -72,9 +75,8 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
             t, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size, scale), **kw)
     cli.compile_models(model, drf, compile, attention)
     plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
-    stale = None if plain or cost is None else cost.stale
-    return model, tok, rule, run, None if plain else cost_note, dict(
-        target=model, drafter=drf, max_blocks=2 if spec == "none" else 3 if verifier == "temporal" else blocks), stale
+    return model, tok, rule, run, None if plain else cost_note, dict(target=model, drafter=drf, max_blocks=2 if spec == "none"
+        else 3 if verifier == "temporal" else blocks), None if plain or cost is None else cost.stale
 
 
 def summary(spec, stats, rule, load_s, cost_note=None):
@@ -82,13 +84,11 @@ def summary(spec, stats, rule, load_s, cost_note=None):
          f"({stats['tokens'] / stats['seconds']:.1f} tok/s; loading and warm-up {load_s:.1f} s more), "
          f"{cli.describe(rule)}, target NFE {stats['nfe']} ({stats['tokens'] / stats['nfe']:.2f} "
          f"tokens/forward), ended by {'a stop id' if stats['stop'] == 'stop_id' else stats['stop']}")
-    if spec == "simsd":
+    if spec == "simsd" and "reference" in stats:   # (not run as the rule alone)
         ref = f"drafter NFE {stats['nfe_draft']}" if stats["reference"] == "drafter" else f"{stats['reference']}"
-        hist = stats["accept_hist"]
-        mean = sum(k * v for k, v in hist.items()) / max(sum(hist.values()), 1)
+        mean = sum(k * v for k, v in stats["accept_hist"].items()) / max(sum(stats["accept_hist"].values()), 1)
         s += f", reference {ref}, mean accepted {mean:.2f}"
-    if spec == "spiffy":
-        s += f", steps per forward {stats['steps_per_forward']}"
+    s += f", steps per forward {stats['steps_per_forward']}" if spec == "spiffy" and "steps_per_forward" in stats else ""
     return s + (f", copies sized by {cost_note}" if cost_note else "")
 
 
@@ -108,7 +108,7 @@ def main(spec="simsd", prompt=None, target=cli.DEFAULT_TARGET, prompts_file=None
     model, tok, rule, run, cost_note, warm, stale = prepare(
         spec, target, flags.pop("drafter"), block_size, threshold, strategy, device, dtype, compile,
         stop_ids, graph, dict(temperature=temperature, top_k=top_k, top_p=top_p, eb_threshold=eb_threshold),
-        flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"), cli.attention(attention, device, compile))
+        flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"), cli.attention(attention, device, compile), flags["acceptance"])
     texts, prompts = encoded(tok, texts, chat, model.config, max_new_tokens, prompts_file)
     cli.warn(chat and tok.chat_template is None and f"note: {target} has no chat_template; the prompt is in ChatML", stale)
     kw = {k: v for k, v in flags.items() if v is not None}
@@ -202,7 +202,7 @@ def many(run, prompts, tok, models, batch, seed, max_new_tokens, compile, as_jso
 
 
 def parse_args(argv=None):
-    ap = util.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = util.ArgumentParser(description=__doc__, formatter_class=util.argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", default="simsd", choices=SPECS,
                     help="none = plain decoding, simsd = a drafter's drafts, spiffy = the target's own "
                          "(default simsd)")

@@ -21,6 +21,10 @@ device, torch and sync_s is a table once model, block_size, code and date are ad
     torch       torch.__version__ it ran on
     code        code_hash() of the code a forward runs: another hash, and the table is stale
     date, target: when, and from what (a checkpoint directory or a PRESETS name)
+    draft       optional, SimSD's drafting (measure_draft, tools/costs.py --drafter): drafter (its
+                directory), model (its shape), draft_steps, and step_s, per blocks drafted
+                ahead (0, 1, ...), the seconds of a drafter step: its forward AND its ops (a
+                third of it on a CPU), which fast.gated weighs before the drafter runs
 Between two measured row counts a forward costs the straight line between them; past the last,
 the last segment's slope; below the first, the first's seconds. A table from before rows has
 "copies" (of block_size rows each) in their place and no cache_len (two blocks) or code: it is
@@ -38,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from decode import Session
+from decode import DecodeRule, Frontier, Session
 from loading.checkpoint import PRESETS
 from verify import Guesses, verify_copies
 
@@ -130,6 +134,33 @@ def measure(model, B, repeats=5, cache_len=None, target=None):
                 date=date.today().isoformat(), target=None if target is None else str(target))
 
 
+def measure_draft(drafter, B, repeats=5, cache_len=None, path=None):
+    """SimSD's drafting a round at block size B, timed whole: fast.draft at speculate's default
+    settings on an all-mask open block, its states made copies (drafted_states), with 0 to
+    LOOKAHEAD blocks ahead; the fastest of `repeats`, taken in turns. -> the table's "draft"."""
+    from fast import draft       # (fast imports nothing of measure/)
+    from speculate import LOOKAHEAD, Settings, drafted_states
+    device, mask_id = drafter.embed.weight.device, drafter.config.mask_token_id
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rule, s = DecodeRule(mask_id, B, "low_confidence_dynamic", threshold=0.9), Settings().for_block(B)
+    cache_len = 2 * B if cache_len is None else cache_len
+    sess = Session(drafter, B, cache_len + (LOOKAHEAD + 2) * B)
+    sess.prefill(torch.zeros(cache_len, dtype=torch.long, device=device))
+    block = torch.full((B,), mask_id, device=device)
+    front = Frontier(block, torch.arange(cache_len, cache_len + B, device=device), B, [mask_id] * B)
+    times = {a: [] for a in range(LOOKAHEAD + 1)}
+    with torch.no_grad():
+        for _ in range(repeats + 1):                                  # the first: a warm-up
+            for a in times:
+                sync()
+                t0 = time.perf_counter()
+                drafted_states(front, draft(sess, front, rule, s, a, set()), a, set(), mask_id, False)
+                sync()
+                times[a].append(time.perf_counter() - t0)
+    return dict(drafter=None if path is None else str(path), model=model_shape(drafter.config),
+                draft_steps=s.draft_steps, step_s=[min(times[a][1:]) / s.draft_steps for a in times])
+
+
 def seconds_at(table, rows):
     """The seconds a forward of `rows` query rows takes by `table`: linear between its row
     counts, the last slope past them, the first's seconds below them."""
@@ -140,10 +171,26 @@ def seconds_at(table, rows):
 
 
 def cost_of(table):
-    """A table -> cost(n copies) -> seconds (a copy: block_size rows)."""
+    """A table -> cost(n copies) -> seconds (a copy: block_size rows); cost.draft_step_s: the
+    table's seconds of a drafter step per blocks ahead, or None (not measured)."""
     def cost(n):
         return seconds_at(table, n * table["block_size"])
-    cost.table = table
+    cost.table, cost.draft_step_s = table, (table.get("draft") or {}).get("step_s")
+    return cost
+
+
+def drafting(cost, drafter):
+    """The seconds of a drafter step per blocks ahead in `cost`'s table (fast.gated's step_s), if
+    it timed a drafter of this one's shape; else None (every round drafts)."""
+    d = (getattr(cost, "table", None) or {}).get("draft")
+    return d["step_s"] if d and drafter is not None and d["model"] == model_shape(drafter.config) else None
+
+
+def flat(B):
+    """A flat cost model (--cost-table flat): every forward the same, rows free, drafting free,
+    as rows nearly are on a GPU: the cut then keeps every copy a positive reach reaches."""
+    cost = cost_of(dict(block_size=B, rows=[B, 2 * B], seconds=[1.0, 1.0]))
+    cost.path, cost.stale, cost.draft_step_s = "flat", None, None
     return cost
 
 
@@ -158,7 +205,8 @@ def read_table(path):
         rs, ts = t["rows"], t["seconds"]
         ok = (len(rs) == len(ts) >= 2 and all(type(n) is int for n in rs) and rs == sorted(set(rs))
               and rs[0] >= 1 and all(isinstance(x, (int, float)) and x > 0 for x in ts) and ts == sorted(ts)
-              and all(type(t[k]) is int and t[k] >= 0 for k in ("block_size", "cache_len")))
+              and all(type(t[k]) is int and t[k] >= 0 for k in ("block_size", "cache_len"))
+              and ("draft" not in t or all(x > 0 for x in t["draft"]["step_s"])))
         if not ok or not all(isinstance(t.get(k), str) for k in ("device", "dtype", "model")):
             raise ValueError
     except OSError as e:
@@ -178,7 +226,8 @@ def remeasure(table, path):
     B, cache_len = table["block_size"], table["cache_len"]
     return (f"python tools/costs.py --target {target}" + f" --out {folder}" * (out.resolve() != folder.resolve())
             + f" --block-size {B}" + f" --cache-len {cache_len}" * (cache_len != 2 * B)
-            + f" --device {table['device'].split(':')[0]} --dtype {table['dtype']}")
+            + f" --device {table['device'].split(':')[0]} --dtype {table['dtype']}"
+            + f" --drafter {(table.get('draft') or {}).get('drafter')}" * bool(table.get("draft")))
 
 
 def stale(table, path):
@@ -239,5 +288,7 @@ def cost_model(target_dir, model, B, table=None):
         return find(target_dir, model, B)
     if table == "none":
         return None, "no cost table (--cost-table none): every copy verified"
+    if table == "flat":
+        return flat(B), "a flat cost table (--cost-table flat: every forward alike, drafting free)"
     cost = load(table, model, B)
     return cost, f"cost table {table} ({cost.table.get('date')}{', stale' * bool(cost.stale)})"

@@ -11,6 +11,9 @@ The format, one JSON object a file:
     rule        spiffy.graph_rule's key and the temperature: a table is used only for them
     reach, walked   per copy rank 1, 2, ...: raw reach summed, and the rounds the walk visited
                 it (a next block's first copy: when the walk visited its complete parent)
+    rounds, steps, copies   the rounds counted, the steps they walked and the copies past the
+                open block they verified, summed: a round's means, which fast.gated weighs
+                before SimSD's drafter runs
     scale       per rank, (walked + PRIOR x pooled) / (reach + PRIOR), pooled the ratio of all
                 ranks' sums: a rank counted little borrows the pooled ratio
     problems, max_new_tokens, date, target: from what
@@ -73,6 +76,16 @@ def load(path, method, rule):
     return scale
 
 
+def per_round(target_dir, method, rule):
+    """(steps walked, copies past the open block verified) per round, the means in the reach
+    table next to the weights (fast.gated's); None without a table or its rounds."""
+    path = table_path(target_dir, method, rule)
+    if not path.is_file() or load(path, method, rule) is None:
+        return None
+    t = json.loads(path.read_text())
+    return (t["steps"] / t["rounds"], t["copies"] / t["rounds"]) if t.get("rounds") else None
+
+
 def find(target_dir, method, rule):
     """The scale per rank next to the weights, if counted. -> (scale or None, in words)."""
     path = table_path(target_dir, method, rule)
@@ -93,4 +106,9 @@ def finder(target_dir, notes, alias=None):
         if how and how not in said:
             said.add(how), notes.append(f"B={rule.block_size} {method}: {how}")
         return scale
+    scale_for.target = target_dir
+    def note(words):   # a line of `notes`, once -> words
+        said.add(words) or notes.append(words) if words not in said else None
+        return words
+    scale_for.note = note
     return scale_for

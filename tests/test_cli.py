@@ -16,9 +16,9 @@ import cli
 import fast
 from training import objective
 import sample
-from measure import sol
+from measure import reach, sol
 import train
-from conftest import tiny_corpus
+from conftest import ROOT, tiny_corpus
 from fixtures.record_greedy import FIXTURE, greedy
 from decode import generate
 from model import ModelConfig, Transformer
@@ -396,7 +396,7 @@ def test_a_sweep_gives_rows_only_to_the_methods_that_read_its_setting(capsys):
     target = Transformer(ModelConfig(**PRESETS["tiny"]))
     plan = bench.plan_runs(["simsd-lossless", "simsd-trajectory"], (4, 8), target, target, None,
                            "gamma", (), None, None, {4: (None, ""), 8: (None, "")}, {4: None, 8: None},
-                           lambda method, rule: None)   # no reach tables: raw reach
+                           reach.finder(ROOT / "no-tables-here", []))   # no reach tables: raw reach
     assert sorted(name for name, B in plan if B == 4) == [
         "simsd-lossless(gamma=1)", "simsd-lossless(gamma=2)", "simsd-lossless(gamma=4)",
         "simsd-trajectory"]

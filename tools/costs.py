@@ -3,6 +3,7 @@ block size, next to its weights; or for a model shape with no weights here (a ch
 name, random weights), in models/costs/<preset>/:
 
     python tools/costs.py --target models/target            # cost_b{4,8,32}_float32_<this CPU>.json
+    python tools/costs.py --target models/target --drafter models/drafter   # + SimSD's drafting
     python tools/costs.py --target sdar-8b --device cuda --dtype bfloat16 --cache-len 1024
 """
 import argparse
@@ -25,22 +26,16 @@ SMOKE_OUTPUT = r"cost_b4_float32_.*\.json: 4 rows \d+\.\d\d ms, 8 rows "
 
 
 def main(target="models/target", block_sizes=(4, 8, 32), device="cpu", dtype="float32", repeats=5,
-         out=None, cache_len=None):
+         out=None, cache_len=None, drafter=None):
     """out: the folder the tables go to (default: the target's, or costs.SHAPES/<preset>);
-    cache_len: rows of cache before each forward (default: two blocks)."""
+    cache_len: rows of cache before each forward (default: two blocks); drafter: SimSD's
+    drafter (a checkpoint directory or a shape), whose drafting each table then holds too."""
     util.check_positive(repeats=repeats)
     if cache_len is not None and cache_len < 0:
         raise ValueError(f"--cache-len must be >= 0, got {cache_len}")
     check_device(device)
-    if target not in PRESETS and not Path(target).is_dir():
-        raise ValueError(f"--target {target} is neither a checkpoint directory nor a model shape "
-                         f"({', '.join(PRESETS)})")
-    if target in PRESETS:     # a shape, random weights: any block size times alike
-        model = make(target, device, getattr(torch, dtype))
-    else:
-        model = from_pretrained(target, device=device, dtype=getattr(torch, dtype)).eval()
-        for B in block_sizes:
-            check_block_size(model, B, "target")
+    model, drf = (load(m, block_sizes, device, dtype, role) if m else None
+                  for m, role in ((target, "target"), (drafter, "drafter")))
     out = Path(out or (costs.SHAPES / target if target in PRESETS else target))
     util.check_writable(out, "--out", folder=True)
     for B in block_sizes:
@@ -50,11 +45,28 @@ def main(target="models/target", block_sizes=(4, 8, 32), device="cpu", dtype="fl
     out.mkdir(parents=True, exist_ok=True)
     for B in block_sizes:
         t = costs.measure(model, B, repeats, cache_len, target)
+        if drf is not None:
+            t["draft"] = costs.measure_draft(drf, B, repeats, cache_len, drafter)
         path = costs.table_path(out, model, B)
         with util.atomic_write(path) as tmp:
             tmp.write_text(json.dumps(t, indent=1) + "\n")
         print(f"{path}: {', '.join(f'{n} rows {s * 1e3:.2f} ms' for n, s in zip(t['rows'], t['seconds']))}"
-              + (f"; a sync {t['sync_s'] * 1e6:.1f} us" if t["sync_s"] is not None else ""))
+              + (f"; a sync {t['sync_s'] * 1e6:.1f} us" if t["sync_s"] is not None else "")
+              + (f"; a drafter step, 0..{len(d) - 1} blocks ahead: "
+                 f"{' '.join(f'{x * 1e3:.2f}' for x in d)} ms" if (d := t.get('draft', {}).get('step_s')) else ""))
+
+
+def load(target, block_sizes, device, dtype, role):
+    """A checkpoint directory's model, or a shape's with random weights (any B times alike)."""
+    if target not in PRESETS and not Path(target).is_dir():
+        raise ValueError(f"--{role} {target} is neither a checkpoint directory nor a model shape "
+                         f"({', '.join(PRESETS)})")
+    if target in PRESETS:
+        return make(target, device, getattr(torch, dtype))
+    model = from_pretrained(target, device=device, dtype=getattr(torch, dtype)).eval()
+    for B in block_sizes:
+        check_block_size(model, B, role)
+    return model
 
 
 if __name__ == "__main__":
@@ -67,8 +79,10 @@ if __name__ == "__main__":
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--repeats", type=int, default=5, help="forwards a count, the fastest kept")
+    ap.add_argument("--drafter", default=None, help="also time SimSD's drafting with this drafter "
+                    "(a checkpoint directory or a shape), which fast.gated weighs")
     ap.add_argument("--cache-len", type=int, default=None, help="rows of KV cache before each "
                     "forward (default: two blocks)")
     a = ap.parse_args()
     util.run(lambda: main(a.target, util.int_list(a.block_size, "--block-size"), a.device, a.dtype,
-                          a.repeats, a.out, a.cache_len))
+                          a.repeats, a.out, a.cache_len, a.drafter))

@@ -32,8 +32,8 @@ SMOKE_OUTPUT = r"reach_b4_simsd-trajectory_t0\.9\.json: raw reach / walked, wors
 
 def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=None):
     """Every prompt by `method` (Spiffy's: on `graph`), every copy verified -> ({rank: raw
-    reach summed}, {rank: walked})."""
-    reach_by, walked_by = {}, {}
+    reach summed}, {rank: walked}, {"rounds", "steps" walked, "copies" verified: summed})."""
+    reach_by, walked_by, rounds = {}, {}, dict(rounds=0, steps=0, copies=0)
     for ids in prompts:
         if method == "spiffy":
             _, st = counting(spiffy_generate)(target, ids, max_new_tokens, rule, graph=graph, walk=fast.walk)
@@ -45,7 +45,10 @@ def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=Non
             reach_by[r] = reach_by.get(r, 0.0) + x
         for r, x in st["walked_by_rank"].items():
             walked_by[r] = walked_by.get(r, 0) + x
-    return reach_by, walked_by
+        rounds["rounds"] += sum(st["steps_per_forward"].values())
+        rounds["steps"] += sum(n * x for n, x in st["steps_per_forward"].items())
+        rounds["copies"] += sum(n * x for n, x in st["nodes_per_forward"].items())
+    return reach_by, walked_by, rounds
 
 
 def shown(path):
@@ -72,10 +75,10 @@ def main(target=cli.DEFAULT_TARGET, drafter=cli.DEFAULT_DRAFTER, block_sizes=(4,
         rule = cli.make_rule(tgt, B, threshold)
         for m in methods:
             graph = load_graph(graph_path(target, rule), rule) if m == "spiffy" else None
-            reach_by, walked_by = decode_all(m, tgt, drf, rule, prompts, max_new_tokens, graph)
+            reach_by, walked_by, rounds = decode_all(m, tgt, drf, rule, prompts, max_new_tokens, graph)
             ranks = range(1, max([*reach_by, 0]) + 1)
             t = reach.table(m, rule, [reach_by.get(r, 0.0) for r in ranks], [walked_by.get(r, 0) for r in ranks],
-                            problems=f"train 0..{n_problems - 1}", max_new_tokens=max_new_tokens,
+                            **rounds, problems=f"train 0..{n_problems - 1}", max_new_tokens=max_new_tokens,
                             date=date.today().isoformat(), target=shown(target))
             path = reach.table_path(out, m, rule)
             with util.atomic_write(path) as tmp:

@@ -1,0 +1,120 @@
+"""SimSD's drafter runs only in rounds where it is expected to pay (fast.gated), decided before
+it runs, from the cost table's drafting (a drafter step timed whole by tools/costs.py
+--drafter) and a reach table's means a round (steps walked, copies verified). Priced dear, no
+round drafts and SimSD is the rule alone; free, every round drafts as without the gate; in
+between, the drafter skips rounds and its cache catches up: its drafts are those of a drafter
+that saw every block, and the tokens are plain decoding's in every case."""
+import json
+
+import pytest
+import torch
+
+import cli
+import fast
+from decode import Frontier, Session, generate
+from speculate import Settings
+from loading import checkpoint
+from measure import costs, reach
+from tools import costs as costs_script
+from variants import simsd
+from conftest import ROOT, make_model
+
+PROMPTS = ("Question: Tom has 7 apples and buys 5 more. How many apples does Tom have?\nAnswer:",
+           "Question: A box holds 12 pens. 4 are taken out. How many pens are left?\nAnswer:")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, cli.DEFAULT_DRAFTER, (4,))
+    return target, drafter, [tok.encode(p) for p in PROMPTS], cli.make_rule(target, 4, cli.THRESHOLD)
+
+
+def flat_cost(seconds=1e-3):
+    return costs.cost_of(dict(block_size=4, rows=[4, 64], seconds=[seconds, seconds]))
+
+
+def run(pair, draft, n=48, **settings):
+    target, drafter, prompts, rule = pair
+    return [simsd(target, drafter, ids, n, rule, draft=draft, walk=fast.walk, **settings)
+            for ids in prompts]
+
+
+def test_dear_drafting_never_runs_the_drafter_and_decodes_as_the_rule(pair):
+    target, _, prompts, rule = pair
+    gate = fast.gated(fast.draft, flat_cost(), [1.0] * 4, (3.0, 5.0))    # a second a step
+    for ids, (out, st) in zip(prompts, run(pair, gate)):
+        plain, pst = generate(target, ids, 48, rule)
+        assert out == plain and st["nfe"] == pst["nfe"]
+        assert st["round_ends"] == {"nothing drafted": st["nfe"] - 1}   # (the prefill's forward)
+        assert st["nfe_draft"] <= 1                                      # the drafter's prefill
+
+
+def test_free_drafting_drafts_every_round_as_without_the_gate(pair):
+    gate = fast.gated(fast.draft, flat_cost(), [1e-12] * 4, (3.0, 5.0))
+    for (out, st), (ref, rst) in zip(run(pair, gate), run(pair, fast.draft)):
+        assert out == ref and (st["nfe"], st["nfe_draft"]) == (rst["nfe"], rst["nfe_draft"])
+        assert "nothing drafted" not in st["round_ends"] and st["nfe_draft"] > 1
+
+
+def test_without_its_costs_the_gate_is_the_drafter_itself():
+    assert fast.gated(fast.draft, flat_cost(), None, (3.0, 5.0)) is fast.draft
+    assert fast.gated(fast.draft, flat_cost(), [1.0], None) is fast.draft
+
+
+def test_a_drafter_that_skips_rounds_catches_up_and_drafts_as_one_that_saw_every_block(pair):
+    """With no block ahead a round drafts k = min(3, masks left) steps; priced by the step, only
+    a round with one mask left drafts. Each draft is drafted again by a fresh drafter prefilled
+    with the same context in one go: the same tokens (the skipped blocks reached its cache)."""
+    target, drafter, prompts, rule = pair
+    seen = []
+
+    def recording(sess, front, rule, s, ahead, stops, generator=None):
+        d = fast.draft(sess, front, rule, s, ahead, stops, generator)
+        seen.append((list(front.context), list(front.host), front.pos[0].item(), ahead, d.tokens))
+        return d
+    # the rule: 1 step a ms; drafted: 3 steps in k + 1 ms, more only when k = 1
+    gate = fast.gated(recording, flat_cost(), [1e-3] * 4, (3.0, 5.0))
+    outs = run(pair, gate, 64, lookahead=0)
+    for ids, (out, st) in zip(prompts, outs):
+        assert out == generate(target, ids, 64, rule)[0]
+        assert 0 < st["round_ends"].get("nothing drafted", 0) < st["nfe"] - 1    # some of each
+    s = Settings(lookahead=0).for_block(4)
+    grew = [len(b[0]) - len(a[0]) for a, b in zip(seen, seen[1:])]
+    assert max(grew) >= 8          # some draft came two or more blocks after the one before it
+    for context, host, start, ahead, tokens in seen:
+        sess = Session(drafter, 4, start + 8 * 4)
+        sess.prefill(torch.tensor(context))
+        front = Frontier(torch.tensor(host), torch.arange(start, start + 4), host.count(rule.mask_id), host)
+        assert fast.draft(sess, front, rule, s, ahead, set()).tokens == tokens
+
+
+def test_the_tool_times_the_drafting_and_the_table_names_the_drafter(tmp_path):
+    path = tmp_path / "tiny"
+    checkpoint.save_pretrained(make_model(n_layer=2, block_size=4), path, dtype=torch.float32)
+    costs_script.main(str(path), block_sizes=(4,), repeats=1, drafter=str(path))
+    model = checkpoint.from_pretrained(path, dtype=torch.float32)
+    written = costs.table_path(path, model, 4)
+    t = json.loads(written.read_text())
+    assert t["draft"]["model"] == costs.model_shape(model.config) and len(t["draft"]["step_s"]) == 4
+    cost = costs.load(written, model, 4)
+    assert costs.drafting(cost, model) == t["draft"]["step_s"] and all(x > 0 for x in cost.draft_step_s)
+    assert costs.drafting(cost, make_model(n_layer=3, block_size=4)) is None   # another shape
+    assert "--drafter" in costs.remeasure(t, written)
+    written.write_text(json.dumps(dict(t, draft=dict(t["draft"], step_s=[0.0]))))
+    with pytest.raises(ValueError, match="malformed cost table"):
+        costs.load(written, model, 4)
+
+
+def test_a_flat_table_keeps_every_copy_and_prices_no_drafting():
+    from verify import Guesses
+    g = Guesses(torch.zeros(5, 4, dtype=torch.long), [4, 3, 2, 1, 0], None, [1.0, 0.9, 0.5, 0.1, 0.01])
+    cost, words = costs.cost_model(None, None, 4, "flat")
+    assert len(fast.sized(g, cost).n_masked) == 5 and costs.drafting(cost, None) is None and "flat" in words
+
+
+def test_the_shipped_reach_tables_give_simsd_its_means_a_round(pair):
+    rule = pair[3]
+    steps, copies = reach.per_round(ROOT / "models" / "target", "simsd", rule)
+    assert 1 <= steps <= 1 + copies
+    other = cli.make_rule(pair[0], 4, 0.5)                                   # no table for it
+    assert reach.per_round(ROOT / "models" / "target", "simsd", other) is None

@@ -83,7 +83,8 @@ def pays(cost, per_round, spend=0.0):
 def gated(draft, cost, step_s, per_round):
     """SimSD's drafter loop `draft`, run only in rounds where it pays (decided before it runs):
     drafting k steps at `ahead` blocks spends k * step_s[ahead] seconds (a cost table's,
-    measure/costs.py: the drafter's forwards AND its ops), and a drafted round walks and
+    measure/costs.py: the drafter's forwards AND its ops), and its cache's catching up on the
+    blocks (and prompt) it skipped their rows' share of step_s's slope; a drafted round walks and
     verifies a reach table's means a round (per_round). A round that does not pay proposes
     nothing: the rule's own step (the drafter's cache catches up when it next runs). Without
     step_s or per_round: `draft` itself."""
@@ -91,8 +92,10 @@ def gated(draft, cost, step_s, per_round):
         return draft
 
     def gated_draft(sess, front, rule, s, ahead, stops, generator=None):
-        k = min(s.draft_steps, front.n_masked + ahead * len(front.host))      # as draft runs
-        if pays(cost, per_round, k * step_s[min(ahead, len(step_s) - 1)]):
+        k, B = min(s.draft_steps, front.n_masked + ahead * len(front.host)), len(front.host)
+        behind = 0 if sess.pending is None else len(sess.pending)   # rows it must catch up on,
+        per_row = (step_s[-1] - step_s[0]) / max(1, (len(step_s) - 1) * B)   # a step's a row more
+        if pays(cost, per_round, k * step_s[min(ahead, len(step_s) - 1)] + behind * per_row):
             return draft(sess, front, rule, s, ahead, stops, generator)
         return Draft([], [], [], None, [])
     return gated_draft

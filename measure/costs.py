@@ -1,5 +1,6 @@
-"""Cost tables: how long a verification forward of so many query rows takes, for one device,
-dtype, model shape and block size, measured once by an explicit command (tools/costs.py) and
+"""Cost tables: how long a verification round (its forward and walk) of so many query rows
+takes, for one device, dtype, model shape and block size, measured once by a command
+(tools/costs.py) and
 saved next to the weights, or, for a model shape with no weights here (SDAR-8B), in
 models/costs/<shape>/ (like Spiffy's graphs). The decoders size their copies by it
 (fast.sized, through fast.cutter) and never time anything themselves, so the same prompt,
@@ -13,7 +14,9 @@ every copy a proposer makes is verified (its own budget: --gamma and --lookahead
 The format, one JSON object a file (a GPU sweep's JSON of rows, seconds, cache_len, dtype,
 device, torch and sync_s is a table once model, block_size, code and date are added):
     rows        query rows of each measured forward, increasing (a copy is block_size rows)
-    seconds     the fastest forward of that many rows; positive, never less for more rows
+    seconds     the fastest forward of that many rows and its walk (the threshold rule stepped
+                on every copy: a copy's price is what it adds to the round); positive, never
+                less for more rows
     cache_len   rows in the KV cache before each forward
     sync_s      seconds one host sync costs (absent or null on a CPU, where it is about 0)
     device, dtype, model, block_size: the key (key(); device as device_name() writes it,
@@ -36,6 +39,7 @@ import itertools
 import json
 import platform
 import re
+import statistics
 import time
 from datetime import date
 from pathlib import Path
@@ -49,7 +53,7 @@ from verify import Guesses, verify_copies
 COPIES = (1, 2, 4, 8, 16)   # the copy counts measured; linear between them and past the last
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = ROOT / "models" / "costs"   # tables for a model shape with no weights: SHAPES/<preset>/
-CODE = ("model.py", "mask.py", "decode.py", "verify.py")   # what a measured forward runs
+CODE = ("model.py", "mask.py", "decode.py", "verify.py", "fast.py")   # what a measured round runs
 
 
 def code_hash():
@@ -110,11 +114,14 @@ def sync_seconds(device, repeats):
 
 
 def measure(model, B, repeats=5, cache_len=None, target=None):
-    """Seconds of a forward of n = 1, 2, 4, 8, 16 all-mask copies (n x B query rows) after
-    cache_len rows of cache (default: two blocks), the fastest of `repeats` each, taken in turns
-    (1, 2, ..., 16, 1, 2, ...) so that a slow spell of the machine spreads over every n; more
-    rows are never cheaper. -> the table (a dict, the module's format)."""
+    """Seconds of a round's forward and walk over n = 1, 2, 4, 8, 16 all-mask copies (n x B
+    query rows: fast.walk steps the threshold rule on every copy, one host sync) after cache_len
+    rows of cache (default: two blocks), the fastest of `repeats` each, taken in turns (1, 2,
+    ..., 16, 1, 2, ...) so that a slow spell of the machine spreads over every n; more rows are
+    never cheaper. -> the table (a dict, the module's format)."""
+    from fast import walk        # (fast imports nothing of measure/)
     device, mask_id = model.embed.weight.device, model.config.mask_token_id
+    rule = DecodeRule(mask_id, B, "low_confidence_dynamic", threshold=0.9)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     cache_len = 2 * B if cache_len is None else cache_len
     sess = Session(model, B, cache_len + 17 * B)
@@ -125,7 +132,8 @@ def measure(model, B, repeats=5, cache_len=None, target=None):
             for n in COPIES:
                 sync()
                 t0 = time.perf_counter()
-                verify_copies(sess, Guesses(torch.full((n, B), mask_id, device=device), [B] * n), pos)
+                g = Guesses(torch.full((n, B), mask_id, device=device), [B] * n)
+                walk(verify_copies(sess, g, pos), g, 0, rule)
                 sync()
                 times[n].append(time.perf_counter() - t0)
     seconds = list(itertools.accumulate((min(times[n][1:]) for n in COPIES), max))
@@ -134,31 +142,41 @@ def measure(model, B, repeats=5, cache_len=None, target=None):
                 date=date.today().isoformat(), target=None if target is None else str(target))
 
 
-def measure_draft(drafter, B, repeats=5, cache_len=None, path=None):
-    """SimSD's drafting a round at block size B, timed whole: fast.draft at speculate's default
-    settings on an all-mask open block, its states made copies (drafted_states), with 0 to
-    LOOKAHEAD blocks ahead; the fastest of `repeats`, taken in turns. -> the table's "draft"."""
+def measure_draft(target, drafter, B, repeats=5, path=None, new_blocks=8):
+    """SimSD's drafting a round at block size B, as it runs: `repeats` prompts of random tokens
+    decoded by speculate.simsd_generate (the target verifying, the threshold rule), each call
+    of fast.draft timed, between the target's forwards: a drafter timed back to back, its small
+    ops hot in the caches, ran 20% faster. Per blocks drafted ahead, 0 to LOOKAHEAD, the median
+    of the calls whose cache had at most a block to catch up on, over its forwards: a drafter
+    step. -> the table's "draft"."""
     from fast import draft       # (fast imports nothing of measure/)
-    from speculate import LOOKAHEAD, Settings, drafted_states
-    device, mask_id = drafter.embed.weight.device, drafter.config.mask_token_id
+    from speculate import LOOKAHEAD, Settings, simsd_generate
+    device, c = drafter.embed.weight.device, target.config
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    rule, s = DecodeRule(mask_id, B, "low_confidence_dynamic", threshold=0.9), Settings().for_block(B)
-    cache_len = 2 * B if cache_len is None else cache_len
-    sess = Session(drafter, B, cache_len + (LOOKAHEAD + 2) * B)
-    sess.prefill(torch.zeros(cache_len, dtype=torch.long, device=device))
-    block = torch.full((B,), mask_id, device=device)
-    front = Frontier(block, torch.arange(cache_len, cache_len + B, device=device), B, [mask_id] * B)
-    times = {a: [] for a in range(LOOKAHEAD + 1)}
+    rule, times = DecodeRule(c.mask_token_id, B, "low_confidence_dynamic", threshold=0.9), {}
+
+    def timed(sess, front, rule, s, ahead, stops, generator=None):
+        behind = 0 if sess.pending is None else len(sess.pending)
+        sync()
+        t0 = time.perf_counter()
+        d = draft(sess, front, rule, s, ahead, stops, generator)
+        sync()
+        if behind <= B:
+            steps = min(s.draft_steps, front.n_masked + ahead * B)
+            times.setdefault(ahead, []).append((time.perf_counter() - t0) / steps)
+        return d
+    g = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for _ in range(repeats + 1):                                  # the first: a warm-up
-            for a in times:
-                sync()
-                t0 = time.perf_counter()
-                drafted_states(front, draft(sess, front, rule, s, a, set()), a, set(), mask_id, False)
-                sync()
-                times[a].append(time.perf_counter() - t0)
+        for i in range(repeats + 1):                      # the first: a warm-up
+            prompt = [t for t in torch.randint(c.vocab_size, (3 * B,), generator=g).tolist()
+                      if t != c.mask_token_id][:2 * B]
+            simsd_generate(target, drafter, prompt, new_blocks * B, rule, Settings(draft=timed), eos_id=-1)
+            if i == 0:
+                times.clear()
+    seen = {a: statistics.median(x) for a, x in times.items()}     # (an `ahead` never met: the
+    steps = [seen[min(seen, key=lambda b: abs(a - b))] for a in range(LOOKAHEAD + 1)]   # nearest)
     return dict(drafter=None if path is None else str(path), model=model_shape(drafter.config),
-                draft_steps=s.draft_steps, step_s=[min(times[a][1:]) / s.draft_steps for a in times])
+                draft_steps=Settings().for_block(B).draft_steps, step_s=steps)
 
 
 def seconds_at(table, rows):

@@ -46,7 +46,7 @@ def main(target="models/target", block_sizes=(4, 8, 32), device="cpu", dtype="fl
     for B in block_sizes:
         t = costs.measure(model, B, repeats, cache_len, target)
         if drf is not None:
-            t["draft"] = costs.measure_draft(drf, B, repeats, cache_len, drafter)
+            t["draft"] = costs.measure_draft(model, drf, B, repeats, drafter)
         path = costs.table_path(out, model, B)
         with util.atomic_write(path) as tmp:
             tmp.write_text(json.dumps(t, indent=1) + "\n")

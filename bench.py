@@ -101,7 +101,6 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
             draft=cli.drafter_gate(cost, drafter, scales.target, rule, **SIMSD[base])) if base in SIMSD else {})
         if alone := base in LOSSLESS and cli.rule_alone(cost, scales.target, ALIAS.get(base, base), rule):
             table["rule_alone"] = scales.note(alone)
-    rows = simsd.pop("max_rows", None)
     if base in ("sdar", "plain") or alone:   # t, d: the models, or serve.batch's stand-ins for them
         run = lambda ids, n, t=target, d=None: generate(t, ids, n, rule, fuse_commit=base != "sdar", generator=seeded())
     elif base in SIMSD:
@@ -111,7 +110,7 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
         graph = graphs(rule)
         run = lambda ids, n, t=target, d=None: counting(spiffy_generate)(t, ids, n, rule, graph, draft_budget, generator=seeded(),
                                                                          walk=fast.walk, **simsd)
-    blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, rows)
+    blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, simsd.pop("max_rows", None))
     run.warm, run.table, run.models = dict(target=target, drafter=drafter, max_blocks=blocks), table, (target, drafter)
     return run
 
@@ -147,21 +146,20 @@ def measure(plan, tasks, max_new_tokens, tok, repeats, device, compiled):
         counters["stats"]["unique_graphs"] - graphs_after_warmup
 
 
-def by_batch(plan, batches, tasks, max_new_tokens, repeats, device, exact):
-    """--batch: every row's method decodes all the tasks N at a time (serve/batch.py), for each
-    N, methods interleaved; aggregate tokens/s (the tail included), the wall time the median of
-    repeats, against threshold at the same N and its own N = 1, and each output against N = 1's
-    (a change in fp32 fails the run). -> (rows, failures)"""
+def by_batch(plans, batches, tasks, max_new_tokens, repeats, device, exact):
+    """--batch: each row's method decodes all the tasks N at a time (serve/batch.py; plans[N]: priced
+    for a batch of N), methods interleaved; aggregate tokens/s (the tail included), the median of repeats,
+    against threshold at that N and its own N = 1, each output against N = 1's (fp32: a change fails)."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     prompts, walls, first = [ids for ids, _ in tasks], defaultdict(list), {}
     go = lambda run, n, N, ps=prompts: batch_decode(lambda i, p, t, d: run(p, n, t, d), ps, run.models, N)
-    for (_, B), (_, run) in plan.items():       # warm-up: one block of N prompts at every N
-        for N in batches:
+    for N in batches:       # warm-up: one block of N prompts at every N
+        for (_, B), (_, run) in plans[N].items():
             go(run, B, N, prompts[:N])
     for r in tqdm(range(repeats * len(batches)), desc="bench (batches)", file=sys.stderr):
-        for key, (_, run) in plan.items():
+        for key, (_, run) in plans[N := batches[r % len(batches)]].items():
             sync()
-            t0, syncs, N = time.perf_counter(), SYNCS["host"], batches[r % len(batches)]
+            t0, syncs = time.perf_counter(), SYNCS["host"]
             results, pools = go(run, max_new_tokens, N)
             sync()
             walls[key, N].append(time.perf_counter() - t0)
@@ -361,16 +359,18 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
         parse_method(m)[1] == (p == "threshold") for m in methods)]   # each method's plain counterpart runs too
     rows_cap = {B: cli.max_rows(max_rows, device, compile, B) for B in block_sizes}
     notes += [f"B={B}: at most {n} rows of copies a verification" for B, n in rows_cap.items() if n]
-    plan = {k: v for end, (t, d) in pairs.items() for k, v in plan_runs(
+    plans = {N: {k: v for end, (t, d) in pairs.items() for k, v in plan_runs(   # a batch of N: its own prices
         [m for m in methods if end != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep,
-        ablate, strategy, draft_budget or DRAFT_BUDGET, cost, rows_cap, reach.finder(target, notes, ALIAS), end,
-        **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
+        ablate, strategy, draft_budget or DRAFT_BUDGET, {B: costs.cost_model(target, tgt, B, cost_table, N) for B in block_sizes},
+        rows_cap, reach.finder(target, notes, ALIAS), end, **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
+        for N in batch or [1]}
+    plan = plans[1]
     cli.warn(*dict.fromkeys(c.stale for c, _ in cost.values() if c))   # a table measured on other code
     head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__, attention=attention,
                 tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats)
     if batch:   # many prompts decoded together: rows by batch size
         exact = tgt.embed.weight.dtype == torch.float32 and device == "cpu" and rows_keep_their_bits()   # else a rate
-        return report(*by_batch(plan, batch, tasks, max_new_tokens, repeats, device, exact), notes, out, dict(head, batches=batch))
+        return report(*by_batch(plans, batch, tasks, max_new_tokens, repeats, device, exact), notes, out, dict(head, batches=batch))
     result, rows, failed, after_warmup = by_block_size(
         plan, block_sizes, tasks, max_new_tokens, tok, repeats, device, lambda name: compile and (
             not tag or name.endswith(tag)), tgt.embed.weight.dtype == torch.float32, out, dict(head, notes=notes))

@@ -126,8 +126,9 @@ def rule_alone(cost, target_dir, method, rule):
     if per_round is None or fast.pays(cost, per_round, min(
             cost.draft_step_s if method == "simsd" and cost.draft_step_s else [0.0])):
         return None
-    return (f"B={rule.block_size} {method}: copies would not pay here ({per_round[0]:.2f} steps "
-            f"a round for {per_round[1]:.1f} copies, by the cost and reach tables): the rule alone")
+    batch = f" in a batch of {cost.batch}" if getattr(cost, "batch", 1) > 1 else ""
+    return (f"B={rule.block_size} {method}: copies would not pay here{batch} ({per_round[0]:.2f} "
+            f"steps a round for {per_round[1]:.1f} copies, by the cost and reach tables): the rule alone")
 
 
 def simsd_drafter(target, drafter, reference, model, tok, block_size, device="cpu", dtype=None):

@@ -45,7 +45,7 @@ def check_args(spec, device, block_size, max_new_tokens, threshold, temperature,
 
 
 def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtype, compile,
-            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None, attention="sdpa", acceptance=None):
+            stop_ids, graph, rule_kw, cost_table=None, verifier=None, reference=None, max_rows=None, attention="sdpa", acceptance=None, batch=1):
     """Load and check everything a run needs -> (model, tok, rule, run(ids, n, **kw), its copies'
     sizing in words, cli.warm_up's models, costs.stale's warning); kw: the decoder's own."""
     dtype = getattr(torch, dtype) if dtype else None
@@ -53,7 +53,7 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     rule = cli.make_rule(model, block_size, cli.default_threshold(threshold, strategy),
                          strategy=strategy, **rule_kw)
     cli.check_block_size(model, rule.block_size, "target")
-    drf, (cost, cost_note) = None, costs.cost_model(target, model, rule.block_size, cost_table)
+    drf, (cost, cost_note) = None, costs.cost_model(target, model, rule.block_size, cost_table, batch)
     rows = cli.max_rows(max_rows, device, compile, rule.block_size)
     scale, reach_note = reach.find(target, reach.method_of(spec, reference), rule)   # the cut's reach
     alone = spec != "none" and verifier != "temporal" and acceptance in (None, "lossless") and cli.rule_alone(
@@ -108,7 +108,7 @@ def main(spec="simsd", prompt=None, target=cli.DEFAULT_TARGET, prompts_file=None
     model, tok, rule, run, cost_note, warm, stale = prepare(
         spec, target, flags.pop("drafter"), block_size, threshold, strategy, device, dtype, compile,
         stop_ids, graph, dict(temperature=temperature, top_k=top_k, top_p=top_p, eb_threshold=eb_threshold),
-        flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"), cli.attention(attention, device, compile), flags["acceptance"])
+        flags.pop("cost_table"), flags["verifier"], flags["reference"], flags.pop("max_rows"), cli.attention(attention, device, compile), flags["acceptance"], batch)
     texts, prompts = encoded(tok, texts, chat, model.config, max_new_tokens, prompts_file)
     cli.warn(chat and tok.chat_template is None and f"note: {target} has no chat_template; the prompt is in ChatML", stale)
     kw = {k: v for k, v in flags.items() if v is not None}

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+import mask as masks
 from decode import DecodeRule, Frontier, Session
 from loading.checkpoint import PRESETS
 from verify import Guesses, verify_copies
@@ -179,6 +180,60 @@ def measure_draft(target, drafter, B, repeats=5, path=None, new_blocks=8):
                 draft_steps=Settings().for_block(B).draft_steps, step_s=steps)
 
 
+BATCH = (1, 4, 8, 16)   # the requests a batched round is measured at (linear between them)
+
+
+def measure_batch(model, B, repeats=5, cache_len=None):
+    """A batched round as serve/batch.py runs one: ONE packed forward of N = 1, 4, 8, 16
+    requests, each with one all-mask copy, or two, then each request's walk; the fastest of
+    `repeats`, taken in turns. -> the table's "batch": requests, one_s, two_s."""
+    from fast import walk
+    from serve.batch import Call, Pool, Slot
+    device, mask_id = model.embed.weight.device, model.config.mask_token_id
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rule = DecodeRule(mask_id, B, "low_confidence_dynamic", threshold=0.9)
+    cache_len = 2 * B if cache_len is None else cache_len
+    start, pool = torch.tensor(cache_len), Pool(model, max(BATCH))
+    pool.reserve(cache_len + 2 * B)
+    sees = torch.eye(16, dtype=torch.bool, device=device)          # each copy sees itself
+    times = {(N, n): [] for N in BATCH for n in (1, 2)}
+    with torch.no_grad():
+        for _ in range(repeats + 1):                              # the first: a warm-up
+            for N, n in times:
+                g = Guesses(torch.full((n, B), mask_id, device=device), [B] * n)
+                mask = masks.block_copies(start, torch.tensor(0), B, sees)
+                calls = [Call(Slot(model, pool, i, None), g.copies.flatten(), torch.arange(
+                    cache_len, cache_len + B, device=device).repeat(n), cache_len, mask, n * B, None)
+                    for i in range(N)]
+                sync()
+                t0 = time.perf_counter()
+                for logits in pool.forward(calls):
+                    walk(logits[0], g, 0, rule)
+                sync()
+                times[N, n].append(time.perf_counter() - t0)
+    best = {k: min(x[1:]) for k, x in times.items()}
+    return dict(requests=list(BATCH), one_s=[best[N, 1] for N in BATCH],
+                two_s=[max(best[N, 2], best[N, 1]) for N in BATCH])
+
+
+def costs_in(cost, N):
+    """cost (cost_of's) as one request of a batch of N sees it: its share of a batched round
+    of one copy each, and each copy more what it adds to that round (the table's "batch"),
+    so that a request's copies are bought at the price the batch pays for them. Drafting keeps
+    its solo price (the drafter's forward is shared too: an upper bound). N = 1 or no "batch"
+    measured: cost itself."""
+    b = (getattr(cost, "table", None) or {}).get("batch")
+    if N == 1 or not b:
+        return cost
+    one, two = (seconds_at(dict(rows=b["requests"], seconds=b[k]), N) for k in ("one_s", "two_s"))
+
+    def cost_n(n):
+        return (one + (n - 1) * (two - one)) / N
+    cost_n.table, cost_n.draft_step_s, cost_n.batch = cost.table, cost.draft_step_s, N
+    cost_n.path, cost_n.stale = getattr(cost, "path", None), getattr(cost, "stale", None)
+    return cost_n
+
+
 def seconds_at(table, rows):
     """The seconds a forward of `rows` query rows takes by `table`: linear between its row
     counts, the last slope past them, the first's seconds below them."""
@@ -297,16 +352,20 @@ def find(target_dir, model, B):
     return cost, f"cost table {path.name} ({t.get('date')}{', stale' * bool(cost.stale)})"
 
 
-def cost_model(target_dir, model, B, table=None):
+def cost_model(target_dir, model, B, table=None, batch=1):
     """The cost model copies are sized by at block size B: the cost table `table` (refused if it
     is for another device, dtype, model or B), else the one next to the target's weights for
-    this device, if any (costs.py). -> (cost or None: every copy verified, in words: which);
-    cost.stale: the warning to print when the table was measured on other code."""
-    if table is None:
-        return find(target_dir, model, B)
+    this device, if any (costs.py); in a batch of N > 1, as one request of it sees it (costs_in).
+    -> (cost or None: every copy verified, in words: which); cost.stale: the warning to print
+    when the table was measured on other code."""
     if table == "none":
         return None, "no cost table (--cost-table none): every copy verified"
     if table == "flat":
         return flat(B), "a flat cost table (--cost-table flat: every forward alike, drafting free)"
-    cost = load(table, model, B)
-    return cost, f"cost table {table} ({cost.table.get('date')}{', stale' * bool(cost.stale)})"
+    if table is None:
+        cost, words = find(target_dir, model, B)
+    else:
+        cost = load(table, model, B)
+        words = f"cost table {table} ({cost.table.get('date')}{', stale' * bool(cost.stale)})"
+    shared = batch > 1 and cost is not None and "batch" in cost.table
+    return costs_in(cost, batch), words + f", a request's share in a batch of {batch}" * shared

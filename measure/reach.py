@@ -97,18 +97,18 @@ def find(target_dir, method, rule):
 
 def finder(target_dir, notes, alias=None):
     """-> scale_for(method, rule): find's scale per rank for a method of METHODS (alias: another
-    name -> its method), else None; each table used or missing said once in `notes`."""
-    said = set()
+    name -> its method), else None; each table used or missing said once in `notes` (and
+    scale_for.note(words): any other line, once)."""
+    def note(words):   # a line of `notes`, once -> words
+        if words not in notes:
+            notes.append(words)
+        return words
 
     def scale_for(method, rule):
         method = (alias or {}).get(method, method)
         scale, how = find(target_dir, method, rule) if method in METHODS else (None, None)
-        if how and how not in said:
-            said.add(how), notes.append(f"B={rule.block_size} {method}: {how}")
+        if how:
+            note(f"B={rule.block_size} {method}: {how}")
         return scale
-    scale_for.target = target_dir
-    def note(words):   # a line of `notes`, once -> words
-        said.add(words) or notes.append(words) if words not in said else None
-        return words
-    scale_for.note = note
+    scale_for.target, scale_for.note = target_dir, note   # (bench.runner's)
     return scale_for

@@ -100,6 +100,8 @@ def test_the_tool_times_the_drafting_and_the_table_names_the_drafter(tmp_path):
     assert costs.drafting(cost, model) == t["draft"]["step_s"] and all(x > 0 for x in cost.draft_step_s)
     assert costs.drafting(cost, make_model(n_layer=3, block_size=4)) is None   # another shape
     assert "--drafter" in costs.remeasure(t, written)
+    b = t["batch"]
+    assert b["requests"] == list(costs.BATCH) and all(y >= x > 0 for x, y in zip(b["one_s"], b["two_s"]))
     written.write_text(json.dumps(dict(t, draft=dict(t["draft"], step_s=[0.0]))))
     with pytest.raises(ValueError, match="malformed cost table"):
         costs.load(written, model, 4)
@@ -118,3 +120,15 @@ def test_the_shipped_reach_tables_give_simsd_its_means_a_round(pair):
     assert 1 <= steps <= 1 + copies
     other = cli.make_rule(pair[0], 4, 0.5)                                   # no table for it
     assert reach.per_round(ROOT / "models" / "target", "simsd", other) is None
+
+
+def test_a_request_in_a_batch_pays_its_share_of_the_round():
+    t = dict(block_size=4, rows=[4, 64], seconds=[4e-3, 8e-3],
+             batch=dict(requests=[1, 4, 8, 16], one_s=[4e-3, 6e-3, 9e-3, 16e-3], two_s=[5e-3, 8e-3, 13e-3, 24e-3]))
+    cost = costs.cost_of(t)
+    assert costs.costs_in(cost, 1) is cost and costs.costs_in(costs.cost_of(dict(t, batch=None)), 8)(1) == cost(1)
+    in16, in12 = costs.costs_in(cost, 16), costs.costs_in(cost, 12)
+    assert in16(1) == pytest.approx(1e-3) and in16(3) == pytest.approx((16e-3 + 2 * 8e-3) / 16)
+    assert in12(1) == pytest.approx(12.5e-3 / 12)                     # between 8 and 16 requests
+    # the rule alone, 1 ms a request-round; a copy 0.5 ms more: 1.12 steps for 0.5 copies no longer pay
+    assert fast.pays(cost, (1.12, 0.5)) and not fast.pays(in16, (1.12, 0.5))

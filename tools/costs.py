@@ -45,6 +45,7 @@ def main(target="models/target", block_sizes=(4, 8, 32), device="cpu", dtype="fl
     out.mkdir(parents=True, exist_ok=True)
     for B in block_sizes:
         t = costs.measure(model, B, repeats, cache_len, target)
+        t["batch"] = costs.measure_batch(model, B, repeats, cache_len)
         if drf is not None:
             t["draft"] = costs.measure_draft(model, drf, B, repeats, drafter)
         path = costs.table_path(out, model, B)
@@ -52,6 +53,7 @@ def main(target="models/target", block_sizes=(4, 8, 32), device="cpu", dtype="fl
             tmp.write_text(json.dumps(t, indent=1) + "\n")
         print(f"{path}: {', '.join(f'{n} rows {s * 1e3:.2f} ms' for n, s in zip(t['rows'], t['seconds']))}"
               + (f"; a sync {t['sync_s'] * 1e6:.1f} us" if t["sync_s"] is not None else "")
+              + f"; a batched round of {t['batch']['requests'][-1]}: {t['batch']['one_s'][-1] * 1e3:.2f} ms"
               + (f"; a drafter step, 0..{len(d) - 1} blocks ahead: "
                  f"{' '.join(f'{x * 1e3:.2f}' for x in d)} ms" if (d := t.get('draft', {}).get('step_s')) else ""))
 

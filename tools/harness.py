@@ -129,7 +129,8 @@ class SDARSpec(LM):
             a["device"], a["dtype"], a["compile"], a["stop_ids"], a["graph"],
             dict(temperature=a["temperature"], top_k=a["top_k"], top_p=a["top_p"], eb_threshold=a["eb_threshold"]),
             None, flags["verifier"], flags["reference"],
-            attention=cli.attention(a["attention"], a["device"], a["compile"]), acceptance=flags["acceptance"])
+            attention=cli.attention(a["attention"], a["device"], a["compile"]), acceptance=flags["acceptance"],
+            batch=self.batch_size)
         if self.chat:   # a tokenizer with no chat format fails now, not at the first request
             self.tok.apply_chat_template("")
             if self.tok.chat_template is None:

@@ -80,22 +80,24 @@ def pays(cost, per_round, spend=0.0):
     return steps / (spend + cost(1 + copies)) > 1 / cost(1)
 
 
-def gated(draft, cost, step_s, per_round):
-    """SimSD's drafter loop `draft`, run only in rounds where it pays (decided before it runs):
-    drafting k steps at `ahead` blocks spends k * step_s[ahead] seconds (a cost table's,
-    measure/costs.py: the drafter's forwards AND its ops), and its cache's catching up on the
-    blocks (and prompt) it skipped their rows' share of step_s's slope; a drafted round walks and
-    verifies a reach table's means a round (per_round). A round that does not pay proposes
-    nothing: the rule's own step (the drafter's cache catches up when it next runs). Without
-    step_s or per_round: `draft` itself."""
-    if not step_s or not per_round:
+def gated(draft, cost, drafting, per_round):
+    """SimSD's drafter loop `draft`, run only in rounds where it pays (decided before it runs),
+    by a cost table's prices (measure/costs.py): drafting k steps at `ahead` blocks costs k *
+    drafting["step_s"][ahead] (the drafter's forwards AND its ops), its cache catching up on
+    the blocks (and prompt) it skipped their rows' share of step_s's slope, and a drafted round
+    drafting["round_s"] beyond that and its copies' price; it walks and verifies a reach table's
+    means a round (per_round). A round that does not pay proposes nothing: the rule's own step
+    (the drafter's cache catches up when it next runs). Without drafting or per_round: `draft`."""
+    if not drafting or not per_round:
         return draft
+    step_s, round_s = drafting["step_s"], drafting.get("round_s", 0.0)
 
     def gated_draft(sess, front, rule, s, ahead, stops, generator=None):
         k, B = min(s.draft_steps, front.n_masked + ahead * len(front.host)), len(front.host)
         behind = 0 if sess.pending is None else len(sess.pending)   # rows it must catch up on,
         per_row = (step_s[-1] - step_s[0]) / max(1, (len(step_s) - 1) * B)   # a step's a row more
-        if pays(cost, per_round, k * step_s[min(ahead, len(step_s) - 1)] + behind * per_row):
+        spend = k * step_s[min(ahead, len(step_s) - 1)] + behind * per_row + round_s
+        if pays(cost, per_round, spend):
             return draft(sess, front, rule, s, ahead, stops, generator)
         return Draft([], [], [], None, [])
     return gated_draft

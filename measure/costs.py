@@ -25,9 +25,10 @@ device, torch and sync_s is a table once model, block_size, code and date are ad
     code        code_hash() of the code a forward runs: another hash, and the table is stale
     date, target: when, and from what (a checkpoint directory or a PRESETS name)
     draft       optional, SimSD's drafting (measure_draft, tools/costs.py --drafter): drafter (its
-                directory), model (its shape), draft_steps, and step_s, per blocks drafted
-                ahead (0, 1, ...), the seconds of a drafter step: its forward AND its ops (a
-                third of it on a CPU), which fast.gated weighs before the drafter runs
+                directory), model (its shape), draft_steps; step_s, per blocks drafted ahead
+                (0, 1, ...), the seconds of a drafter step: its forward AND its ops (a third of
+                it on a CPU); round_s, what a drafted round takes beyond its drafting and its
+                copies' price: both fast.gated weighs before the drafter runs
 Between two measured row counts a forward costs the straight line between them; past the last,
 the last segment's slope; below the first, the first's seconds. A table from before rows has
 "copies" (of block_size rows each) in their place and no cache_len (two blocks) or code: it is
@@ -143,18 +144,19 @@ def measure(model, B, repeats=5, cache_len=None, target=None):
                 date=date.today().isoformat(), target=None if target is None else str(target))
 
 
-def measure_draft(target, drafter, B, repeats=5, path=None, new_blocks=8):
-    """SimSD's drafting a round at block size B, as it runs: `repeats` prompts of random tokens
-    decoded by speculate.simsd_generate (the target verifying, the threshold rule), each call
-    of fast.draft timed, between the target's forwards: a drafter timed back to back, its small
-    ops hot in the caches, ran 20% faster. Per blocks drafted ahead, 0 to LOOKAHEAD, the median
-    of the calls whose cache had at most a block to catch up on, over its forwards: a drafter
-    step. -> the table's "draft"."""
+def measure_draft(target, drafter, B, repeats=5, path=None, table=None, new_blocks=8):
+    """SimSD's drafting, as it runs: `repeats` prompts of random tokens decoded by
+    speculate.simsd_generate (the target verifying, the threshold rule), each call of
+    fast.draft timed between the target's forwards (a drafter timed back to back, its small ops
+    hot in the caches, ran 20% faster). -> the table's "draft": per blocks drafted ahead, 0 to
+    LOOKAHEAD, the median drafter step (of the calls with at most a block to catch up on), and
+    round_s, the median of what a drafted round took beyond its drafting and `table`'s price of
+    its copies (the walk's chains, commits, bookkeeping: 13% of a round at B = 4, unpriced)."""
     from fast import draft       # (fast imports nothing of measure/)
     from speculate import LOOKAHEAD, Settings, simsd_generate
-    device, c = drafter.embed.weight.device, target.config
+    device, c, cost = drafter.embed.weight.device, target.config, cost_of(table) if table else None
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    rule, times = DecodeRule(c.mask_token_id, B, "low_confidence_dynamic", threshold=0.9), {}
+    rule, times, rounds = DecodeRule(c.mask_token_id, B, "low_confidence_dynamic", threshold=0.9), {}, []
 
     def timed(sess, front, rule, s, ahead, stops, generator=None):
         behind = 0 if sess.pending is None else len(sess.pending)
@@ -165,19 +167,28 @@ def measure_draft(target, drafter, B, repeats=5, path=None, new_blocks=8):
         if behind <= B:
             steps = min(s.draft_steps, front.n_masked + ahead * B)
             times.setdefault(ahead, []).append((time.perf_counter() - t0) / steps)
+        rounds.append([t0, time.perf_counter() - t0, 1])   # began, drafting, copies (cut's)
         return d
+
+    def counted(g):
+        rounds[-1][2] = len(g.n_masked)
+        return g
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for i in range(repeats + 1):                      # the first: a warm-up
             prompt = [t for t in torch.randint(c.vocab_size, (3 * B,), generator=g).tolist()
                       if t != c.mask_token_id][:2 * B]
-            simsd_generate(target, drafter, prompt, new_blocks * B, rule, Settings(draft=timed), eos_id=-1)
+            rounds.append(None)                           # (no round spans two prompts)
+            simsd_generate(target, drafter, prompt, new_blocks * B, rule,
+                           Settings(draft=timed, cut=counted), eos_id=-1)
             if i == 0:
-                times.clear()
+                times.clear(), rounds.clear()
     seen = {a: statistics.median(x) for a, x in times.items()}     # (an `ahead` never met: the
     steps = [seen[min(seen, key=lambda b: abs(a - b))] for a in range(LOOKAHEAD + 1)]   # nearest)
+    rest = [b[0] - a[0] - a[1] - cost(a[2]) for a, b in zip(rounds, rounds[1:]) if a and b] if cost else []
     return dict(drafter=None if path is None else str(path), model=model_shape(drafter.config),
-                draft_steps=Settings().for_block(B).draft_steps, step_s=steps)
+                draft_steps=Settings().for_block(B).draft_steps, step_s=steps,
+                round_s=max(0.0, statistics.median(rest)) if rest else 0.0)
 
 
 BATCH = (1, 4, 8, 16)   # the requests a batched round is measured at (linear between them)
@@ -229,7 +240,7 @@ def costs_in(cost, N):
 
     def cost_n(n):
         return (one + (n - 1) * (two - one)) / N
-    cost_n.table, cost_n.draft_step_s, cost_n.batch = cost.table, cost.draft_step_s, N
+    cost_n.table, cost_n.drafting, cost_n.batch = cost.table, cost.drafting, N
     cost_n.path, cost_n.stale = getattr(cost, "path", None), getattr(cost, "stale", None)
     return cost_n
 
@@ -244,26 +255,26 @@ def seconds_at(table, rows):
 
 
 def cost_of(table):
-    """A table -> cost(n copies) -> seconds (a copy: block_size rows); cost.draft_step_s: the
-    table's seconds of a drafter step per blocks ahead, or None (not measured)."""
+    """A table -> cost(n copies) -> seconds (a copy: block_size rows); cost.drafting: the
+    table's "draft" (SimSD's drafting priced), or None (not measured)."""
     def cost(n):
         return seconds_at(table, n * table["block_size"])
-    cost.table, cost.draft_step_s = table, (table.get("draft") or {}).get("step_s")
+    cost.table, cost.drafting = table, table.get("draft")
     return cost
 
 
 def drafting(cost, drafter):
-    """The seconds of a drafter step per blocks ahead in `cost`'s table (fast.gated's step_s), if
-    it timed a drafter of this one's shape; else None (every round drafts)."""
-    d = (getattr(cost, "table", None) or {}).get("draft")
-    return d["step_s"] if d and drafter is not None and d["model"] == model_shape(drafter.config) else None
+    """`cost`'s table's "draft" (fast.gated's prices) if it timed a drafter of this one's shape;
+    else None (every round drafts)."""
+    d = getattr(cost, "drafting", None)
+    return d if d and drafter is not None and d["model"] == model_shape(drafter.config) else None
 
 
 def flat(B):
     """A flat cost model (--cost-table flat): every forward the same, rows free, drafting free,
     as rows nearly are on a GPU: the cut then keeps every copy a positive reach reaches."""
     cost = cost_of(dict(block_size=B, rows=[B, 2 * B], seconds=[1.0, 1.0]))
-    cost.path, cost.stale, cost.draft_step_s = "flat", None, None
+    cost.path, cost.stale = "flat", None
     return cost
 
 

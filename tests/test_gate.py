@@ -41,7 +41,7 @@ def run(pair, draft, n=48, **settings):
 
 def test_dear_drafting_never_runs_the_drafter_and_decodes_as_the_rule(pair):
     target, _, prompts, rule = pair
-    gate = fast.gated(fast.draft, flat_cost(), [1.0] * 4, (3.0, 5.0))    # a second a step
+    gate = fast.gated(fast.draft, flat_cost(), dict(step_s=[1.0] * 4), (3.0, 5.0))    # a second a step
     for ids, (out, st) in zip(prompts, run(pair, gate)):
         plain, pst = generate(target, ids, 48, rule)
         assert out == plain and st["nfe"] == pst["nfe"]
@@ -50,7 +50,7 @@ def test_dear_drafting_never_runs_the_drafter_and_decodes_as_the_rule(pair):
 
 
 def test_free_drafting_drafts_every_round_as_without_the_gate(pair):
-    gate = fast.gated(fast.draft, flat_cost(), [1e-12] * 4, (3.0, 5.0))
+    gate = fast.gated(fast.draft, flat_cost(), dict(step_s=[1e-12] * 4), (3.0, 5.0))
     for (out, st), (ref, rst) in zip(run(pair, gate), run(pair, fast.draft)):
         assert out == ref and (st["nfe"], st["nfe_draft"]) == (rst["nfe"], rst["nfe_draft"])
         assert "nothing drafted" not in st["round_ends"] and st["nfe_draft"] > 1
@@ -58,7 +58,7 @@ def test_free_drafting_drafts_every_round_as_without_the_gate(pair):
 
 def test_without_its_costs_the_gate_is_the_drafter_itself():
     assert fast.gated(fast.draft, flat_cost(), None, (3.0, 5.0)) is fast.draft
-    assert fast.gated(fast.draft, flat_cost(), [1.0], None) is fast.draft
+    assert fast.gated(fast.draft, flat_cost(), dict(step_s=[1.0]), None) is fast.draft
 
 
 def test_a_drafter_that_skips_rounds_catches_up_and_drafts_as_one_that_saw_every_block(pair):
@@ -73,7 +73,7 @@ def test_a_drafter_that_skips_rounds_catches_up_and_drafts_as_one_that_saw_every
         seen.append((list(front.context), list(front.host), front.pos[0].item(), ahead, d.tokens))
         return d
     # the rule: 1 step a ms; drafted: 3 steps in k + 1 ms, more only when k = 1
-    gate = fast.gated(recording, flat_cost(), [1e-3] * 4, (3.0, 5.0))
+    gate = fast.gated(recording, flat_cost(), dict(step_s=[1e-3] * 4), (3.0, 5.0))
     outs = run(pair, gate, 64, lookahead=0)
     for ids, (out, st) in zip(prompts, outs):
         assert out == generate(target, ids, 64, rule)[0]
@@ -97,7 +97,8 @@ def test_the_tool_times_the_drafting_and_the_table_names_the_drafter(tmp_path):
     t = json.loads(written.read_text())
     assert t["draft"]["model"] == costs.model_shape(model.config) and len(t["draft"]["step_s"]) == 4
     cost = costs.load(written, model, 4)
-    assert costs.drafting(cost, model) == t["draft"]["step_s"] and all(x > 0 for x in cost.draft_step_s)
+    assert costs.drafting(cost, model) == t["draft"] and all(x > 0 for x in t["draft"]["step_s"])
+    assert t["draft"]["round_s"] >= 0
     assert costs.drafting(cost, make_model(n_layer=3, block_size=4)) is None   # another shape
     assert "--drafter" in costs.remeasure(t, written)
     b = t["batch"]

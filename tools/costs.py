@@ -47,15 +47,15 @@ def main(target="models/target", block_sizes=(4, 8, 32), device="cpu", dtype="fl
         t = costs.measure(model, B, repeats, cache_len, target)
         t["batch"] = costs.measure_batch(model, B, repeats, cache_len)
         if drf is not None:
-            t["draft"] = costs.measure_draft(model, drf, B, repeats, drafter)
+            t["draft"] = costs.measure_draft(model, drf, B, repeats, drafter, t)
         path = costs.table_path(out, model, B)
         with util.atomic_write(path) as tmp:
             tmp.write_text(json.dumps(t, indent=1) + "\n")
         print(f"{path}: {', '.join(f'{n} rows {s * 1e3:.2f} ms' for n, s in zip(t['rows'], t['seconds']))}"
               + (f"; a sync {t['sync_s'] * 1e6:.1f} us" if t["sync_s"] is not None else "")
               + f"; a batched round of {t['batch']['requests'][-1]}: {t['batch']['one_s'][-1] * 1e3:.2f} ms"
-              + (f"; a drafter step, 0..{len(d) - 1} blocks ahead: "
-                 f"{' '.join(f'{x * 1e3:.2f}' for x in d)} ms" if (d := t.get('draft', {}).get('step_s')) else ""))
+              + (f"; a drafter step, 0..{len(d['step_s']) - 1} blocks ahead: {' '.join(f'{x * 1e3:.2f}' for x in d['step_s'])}"
+                 f" ms, a drafted round {d['round_s'] * 1e3:.2f} ms more" if (d := t.get('draft')) else ""))
 
 
 def load(target, block_sizes, device, dtype, role):

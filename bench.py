@@ -157,9 +157,9 @@ def by_batch(plans, batches, tasks, max_new_tokens, repeats, device, exact):
         for (_, B), (_, run) in plans[N].items():
             go(run, B, N, prompts[:N])
     for r in tqdm(range(repeats * len(batches)), desc="bench (batches)", file=sys.stderr):
-        for key, (_, run) in plans[N := batches[r % len(batches)]].items():
-            sync()
-            t0, syncs = time.perf_counter(), SYNCS["host"]
+        runs = list(plans[N := batches[r % len(batches)]].items())
+        for key, (_, run) in runs[r % len(runs):] + runs[:r % len(runs)]:   # each method first in turn
+            t0, syncs = sync() or time.perf_counter(), SYNCS["host"]
             results, pools = go(run, max_new_tokens, N)
             sync()
             walls[key, N].append(time.perf_counter() - t0)
@@ -170,7 +170,7 @@ def by_batch(plans, batches, tasks, max_new_tokens, repeats, device, exact):
 def batch_rows(first, walls, batches, exact):
     """by_batch's rows from each (row, N)'s first pass and its wall times -> (rows, failures)."""
     rows, failed = [], []
-    for ((name, B), N), (results, (tgt, drf), syncs) in first.items():
+    for ((name, B), N), (results, (tgt, drf), syncs) in sorted(first.items(), key=lambda x: (x[0][1], x[0][0][1])):
         tokens, outs = sum(len(o) for o, _ in results), [o for o, _ in results]
         same = [a == b for a, b in zip(outs, [o for o, _ in first[(name, B), 1][0]])]
         rows.append(dict(method=name, block_size=B, batch=N, tokens=tokens, tokens_per_s=tokens / statistics.median(

@@ -71,13 +71,17 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
                  p_at[to_device(at, window.device)], reach)
 
 
+MARGIN = 1.1   # the least gain a speculative round must promise: a table's prices relative to
+               # each other moved by up to 10% between runs of tools/costs.py on a 2-core CPU
+
+
 def pays(cost, per_round, spend=0.0):
-    """Whether a speculative round is expected to give more steps a second than the rule alone:
-    per_round = (steps it walks, copies past the open block it verifies), for `spend` seconds of
-    proposing and a forward of 1 + copies (cost: a cost table's); the rule alone walks 1 step
-    for a forward of 1. Nothing is timed: the same tables, the same decisions."""
+    """Whether a speculative round is expected to give MARGIN times the steps a second of the
+    rule alone: per_round = (steps it walks, copies past the open block it verifies), for
+    `spend` seconds of proposing and a forward of 1 + copies (cost: a cost table's); the rule
+    alone walks 1 step for a forward of 1. Nothing is timed: the same tables, the same decisions."""
     steps, copies = per_round
-    return steps / (spend + cost(1 + copies)) > 1 / cost(1)
+    return steps / (spend + cost(1 + copies)) > MARGIN / cost(1)
 
 
 def gated(draft, cost, drafting, per_round):

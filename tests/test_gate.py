@@ -131,5 +131,6 @@ def test_a_request_in_a_batch_pays_its_share_of_the_round():
     in16, in12 = costs.costs_in(cost, 16), costs.costs_in(cost, 12)
     assert in16(1) == pytest.approx(1e-3) and in16(3) == pytest.approx((16e-3 + 2 * 8e-3) / 16)
     assert in12(1) == pytest.approx(12.5e-3 / 12)                     # between 8 and 16 requests
-    # the rule alone, 1 ms a request-round; a copy 0.5 ms more: 1.12 steps for 0.5 copies no longer pay
-    assert fast.pays(cost, (1.12, 0.5)) and not fast.pays(in16, (1.12, 0.5))
+    # the rule alone, 1 ms a request-round; a copy 0.5 ms more: 1.3 steps for 0.5 copies no longer pay
+    assert fast.pays(cost, (1.3, 0.5)) and not fast.pays(in16, (1.3, 0.5))
+    assert not fast.pays(cost, (1.05, 0.0))          # 5% more steps for nothing: within the margin

@@ -123,8 +123,10 @@ def rule_alone(cost, target_dir, method, rule):
     device, or None: its copies would not pay in any round (fast.pays on the reach table's
     means a round, proposing free but for one drafter step at its cheapest)."""
     per_round = None if cost is None else reach.per_round(target_dir, method, rule)
+    if per_round is None:
+        return None
     d = cost.drafting if method == "simsd" and cost.drafting else dict(step_s=[0.0])
-    if per_round is None or fast.pays(cost, per_round, min(d["step_s"]) + d.get("round_s", 0.0)):
+    if fast.pays(cost, per_round, min(d["step_s"]) + d.get("round_s", 0.0)):
         return None
     batch = f" in a batch of {cost.batch}" if getattr(cost, "batch", 1) > 1 else ""
     return (f"B={rule.block_size} {method}: copies would not pay here{batch} ({per_round[0]:.2f} "

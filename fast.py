@@ -5,9 +5,8 @@ forwards (tests/test_fast.py).
 - draft: SimSD's drafter loop with ONE host sync a round (speculate.draft's drafts).
 - walk: the verification walk with ONE host sync a round, for a rule whose step depends on
   nothing but the state and its logits (every copy is stepped at once); else verify.walk.
-- pays, gated: whether a round's copies are expected to pay, from the cost table and a reach
-  table's means a round; SimSD's drafter run only in rounds where they do, decided before it
-  runs (its forwards and ops cost too).
+- pays, gated: whether a round is expected to pay (the cost and reach tables); SimSD's drafter
+  run only in rounds that do, decided before it runs (its forwards and ops cost too).
 - cutter: the copies a round verifies, cut to a row cap (a GPU's static buckets) and sized by
   a cost table (costs.py): the prefix with the most expected steps a second, each copy's
   reach calibrated by a reach table (measure/reach.py).
@@ -97,13 +96,12 @@ def gated(draft, cost, drafting, per_round):
     step_s, round_s = drafting["step_s"], drafting.get("round_s", 0.0)
 
     def gated_draft(sess, front, rule, s, ahead, stops, generator=None):
-        k, B = min(s.draft_steps, front.n_masked + ahead * len(front.host)), len(front.host)
-        behind = 0 if sess.pending is None else len(sess.pending)   # rows it must catch up on,
-        per_row = (step_s[-1] - step_s[0]) / max(1, (len(step_s) - 1) * B)   # a step's a row more
-        spend = k * step_s[min(ahead, len(step_s) - 1)] + behind * per_row + round_s
-        if pays(cost, per_round, spend):
-            return draft(sess, front, rule, s, ahead, stops, generator)
-        return Draft([], [], [], None, [])
+        B, behind = len(front.host), 0 if sess.pending is None else len(sess.pending)  # to catch up
+        k = min(s.draft_steps, front.n_masked + ahead * B)                   # as draft runs
+        spend = (k * step_s[min(ahead, len(step_s) - 1)] + round_s      # + a step's a row more:
+                 + behind * (step_s[-1] - step_s[0]) / max(1, (len(step_s) - 1) * B))
+        return draft(sess, front, rule, s, ahead, stops, generator) if pays(
+            cost, per_round, spend) else Draft([], [], [], None, [])
     return gated_draft
 
 

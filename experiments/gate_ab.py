@@ -37,8 +37,10 @@ def main(block_size=4, prompts=40, passes=3, max_new_tokens=64, threads=2):
     tgt, tok, drf = cli.load_models(cli.DEFAULT_TARGET, cli.DEFAULT_DRAFTER, (block_size,))
     B, rule = block_size, cli.make_rule(tgt, block_size, cli.THRESHOLD)
     cost, how = costs.cost_model(cli.DEFAULT_TARGET, tgt, B)
-    if cost is None or not cost.drafting:
-        raise ValueError(f"{how}: measure one with the drafter's prices (python tools/costs.py --drafter ...)")
+    if cost is None or not cost.drafting:      # none for this machine: measured now, not saved
+        print(f"{how}; measuring one now, with the drafter's prices", flush=True)
+        table = costs.measure(tgt, B, 2)
+        cost = costs.cost_of(dict(table, draft=costs.measure_draft(tgt, drf, B, 2, table=table)))
     cut = fast.cutter(cost, None, B, reach.find(cli.DEFAULT_TARGET, "simsd", rule)[0])
     drafts = dict(always=fast.draft, never=fast.gated(fast.draft, cost, dict(step_s=[1.0]), (1.0, 0.0)),
                   gated=cli.drafter_gate(cost, drf, cli.DEFAULT_TARGET, rule))

@@ -27,6 +27,10 @@ sampled SimSD runs (13 paper, gated or temporal runs, 12 of them in tokens; 3 lo
 counts only); no greedy run and no lossless token moved (tests/test_fast.py, whole decodes
 of both drafter forms).
 
+Re-recorded 2026-12-06, evening: a drafter's prompt joins its first forward (decode.round_loop:
+it may never run, fast.gated). 40 runs moved in the drafter's forwards and rows only; no token
+and no target count moved.
+
 A change that moves counts on purpose rewrites the fixture, and says so:
     python tests/test_counts_fixed.py --write
 """

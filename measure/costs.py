@@ -148,15 +148,18 @@ def measure_draft(target, drafter, B, repeats=5, path=None, table=None, new_bloc
     """SimSD's drafting, as it runs: `repeats` prompts of random tokens decoded by
     speculate.simsd_generate (the target verifying, the threshold rule), each call of
     fast.draft timed between the target's forwards (a drafter timed back to back, its small ops
-    hot in the caches, ran 20% faster). -> the table's "draft": per blocks drafted ahead, 0 to
-    LOOKAHEAD, the median drafter step (of the calls with at most a block to catch up on), and
-    round_s, the median of what a drafted round took beyond its drafting and `table`'s price of
-    its copies (the walk's chains, commits, bookkeeping: 13% of a round at B = 4, unpriced)."""
+    hot in the caches, ran 20% faster), and by plain decoding, timed whole: its rounds put the
+    times in `table`'s time base (a shared machine is faster or slower by the minute). -> the
+    table's "draft": per blocks drafted ahead, 0 to LOOKAHEAD, the median drafter step (of the
+    calls with at most a block to catch up on), and round_s, the median of what a drafted round
+    took beyond its drafting and `table`'s price of its copies (commits, bookkeeping)."""
+    from decode import generate
     from fast import draft       # (fast imports nothing of measure/)
     from speculate import LOOKAHEAD, Settings, simsd_generate
     device, c, cost = drafter.embed.weight.device, target.config, cost_of(table) if table else None
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    rule, times, rounds = DecodeRule(c.mask_token_id, B, "low_confidence_dynamic", threshold=0.9), {}, []
+    rule = DecodeRule(c.mask_token_id, B, "low_confidence_dynamic", threshold=0.9)
+    times, rounds, plain = {}, [], []         # drafter steps by ahead; drafted and plain rounds
 
     def timed(sess, front, rule, s, ahead, stops, generator=None):
         behind = 0 if sess.pending is None else len(sess.pending)
@@ -181,14 +184,18 @@ def measure_draft(target, drafter, B, repeats=5, path=None, table=None, new_bloc
             rounds.append(None)                           # (no round spans two prompts)
             simsd_generate(target, drafter, prompt, new_blocks * B, rule,
                            Settings(draft=timed, cut=counted), eos_id=-1)
+            t0 = time.perf_counter()
+            run = generate(target, prompt, new_blocks * B, rule, eos_id=-1)[1]
+            plain.append((time.perf_counter() - t0 - cost(2)) / (run["nfe"] - 1) if cost else 0)
             if i == 0:
-                times.clear(), rounds.clear()
-    seen = {a: statistics.median(x) for a, x in times.items()}     # (an `ahead` never met: the
+                times.clear(), rounds.clear(), plain.clear()
+    scale = cost(1) / statistics.median(plain) if cost else 1.0     # -> the table's time base
+    seen = {a: scale * statistics.median(x) for a, x in times.items()}   # (an `ahead` never met:
     steps = [seen[min(seen, key=lambda b: abs(a - b))] for a in range(LOOKAHEAD + 1)]   # nearest)
-    rest = [b[0] - a[0] - a[1] - cost(a[2]) for a, b in zip(rounds, rounds[1:]) if a and b] if cost else []
+    rest = [scale * (b[0] - a[0] - a[1]) - cost(a[2]) for a, b in zip(rounds, rounds[1:]) if a and b]
     return dict(drafter=None if path is None else str(path), model=model_shape(drafter.config),
                 draft_steps=Settings().for_block(B).draft_steps, step_s=steps,
-                round_s=max(0.0, statistics.median(rest)) if rest else 0.0)
+                round_s=max(0.0, statistics.median(rest)) if cost and rest else 0.0)
 
 
 BATCH = (1, 4, 8, 16)   # the requests a batched round is measured at (linear between them)

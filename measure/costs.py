@@ -150,9 +150,9 @@ def measure_draft(target, drafter, B, repeats=5, path=None, table=None, new_bloc
     fast.draft timed between the target's forwards (a drafter timed back to back, its small ops
     hot in the caches, ran 20% faster), and by plain decoding, timed whole: its rounds put the
     times in `table`'s time base (a shared machine is faster or slower by the minute). -> the
-    table's "draft": per blocks drafted ahead, 0 to LOOKAHEAD, the median drafter step (of the
-    calls with at most a block to catch up on), and round_s, the median of what a drafted round
-    took beyond its drafting and `table`'s price of its copies (commits, bookkeeping)."""
+    table's "draft": per blocks drafted ahead, 0 to LOOKAHEAD, the median drafter step (its
+    cache catching up on the blocks the last round finished: most calls), and round_s, the median
+    of what a drafted round took beyond its drafting and `table`'s price of its copies."""
     from decode import generate
     from fast import draft       # (fast imports nothing of measure/)
     from speculate import LOOKAHEAD, Settings, simsd_generate
@@ -162,14 +162,12 @@ def measure_draft(target, drafter, B, repeats=5, path=None, table=None, new_bloc
     times, rounds, plain = {}, [], []         # drafter steps by ahead; drafted and plain rounds
 
     def timed(sess, front, rule, s, ahead, stops, generator=None):
-        behind = 0 if sess.pending is None else len(sess.pending)
         sync()
         t0 = time.perf_counter()
         d = draft(sess, front, rule, s, ahead, stops, generator)
         sync()
-        if behind <= B:
-            steps = min(s.draft_steps, front.n_masked + ahead * B)
-            times.setdefault(ahead, []).append((time.perf_counter() - t0) / steps)
+        steps = min(s.draft_steps, front.n_masked + ahead * B)
+        times.setdefault(ahead, []).append((time.perf_counter() - t0) / steps)
         rounds.append([t0, time.perf_counter() - t0, 1])   # began, drafting, copies (cut's)
         return d
 

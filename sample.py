@@ -9,11 +9,11 @@
         --device cuda --dtype bfloat16 --prompt "What is 17 * 23?"
 
 Every method decodes with the same rule unless told otherwise: the threshold rule at 0.9
-(cli.THRESHOLD); SimSD and Spiffy keep its output token for token, in fewer target forwards.
-Text is printed block by block, then a one-line summary (decoding time apart from loading and
-warm-up; with --compile the warm-up compiles every graph and checks the tokens against eager);
-with --json the last line is one JSON object. Bad input: one line `error: ...`, exit status 1.
-The calls from here to SimSD's first verification: docs/design.md, section 7.
+(cli.THRESHOLD); SimSD and Spiffy keep its output token for token, in fewer target forwards where
+the cost tables say copies pay. Text is printed block by block, then a one-line summary (decoding
+time apart from loading and warm-up; --compile's warm-up compiles every graph and checks the
+tokens against eager); --json's last line is one JSON object. Bad input: one line `error: ...`,
+exit status 1. The calls from here to SimSD's first verification: docs/design.md, section 7.
 """
 import json
 import time
@@ -86,8 +86,9 @@ def summary(spec, stats, rule, load_s, cost_note=None):
          f"tokens/forward), ended by {'a stop id' if stats['stop'] == 'stop_id' else stats['stop']}")
     if spec == "simsd" and "reference" in stats:   # (not run as the rule alone)
         ref = f"drafter NFE {stats['nfe_draft']}" if stats["reference"] == "drafter" else f"{stats['reference']}"
-        mean = sum(k * v for k, v in stats["accept_hist"].items()) / max(sum(stats["accept_hist"].values()), 1)
-        s += f", reference {ref}, mean accepted {mean:.2f}"
+        n = sum(stats["accept_hist"].values())     # rounds (those the gate let draft: below)
+        mean = sum(k * v for k, v in stats["accept_hist"].items()) / max(n, 1)
+        s += f", reference {ref}, mean accepted {mean:.2f}, {n - stats['round_ends'].get('nothing drafted', 0)} of {n} rounds drafted"
     s += f", steps per forward {stats['steps_per_forward']}" if spec == "spiffy" and "steps_per_forward" in stats else ""
     return s + (f", copies sized by {cost_note}" if cost_note else "")
 
@@ -103,8 +104,7 @@ def main(spec="simsd", prompt=None, target=cli.DEFAULT_TARGET, prompts_file=None
         raise TypeError(f"unknown setting(s) {', '.join(method)}")
     check_args(spec, device, block_size, max_new_tokens, threshold, temperature, top_k, top_p,
                eb_threshold, graph, flags, dtype)
-    texts = read_prompts(prompt, prompts_file, batch)
-    t0 = time.perf_counter()
+    texts, t0 = read_prompts(prompt, prompts_file, batch), time.perf_counter()
     model, tok, rule, run, cost_note, warm, stale = prepare(
         spec, target, flags.pop("drafter"), block_size, threshold, strategy, device, dtype, compile,
         stop_ids, graph, dict(temperature=temperature, top_k=top_k, top_p=top_p, eb_threshold=eb_threshold),

@@ -99,7 +99,7 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
         cost, scales = simsd.pop("cost"), simsd.pop("scales")   # SimSD's drafter only where it pays
         simsd |= dict(cut=fast.cutter(cost, simsd.get("max_rows"), B, scales(base, rule)), **dict(
             draft=cli.drafter_gate(cost, drafter, scales.target, rule, **SIMSD[base])) if base in SIMSD else {})
-        if alone := base in LOSSLESS and cli.rule_alone(cost, scales.target, ALIAS.get(base, base), rule):
+        if alone := base in LOSSLESS and cli.rule_alone(cost, scales.target, ALIAS.get(base, base), rule, drafter):
             table["rule_alone"] = scales.note(alone)
     if base in ("sdar", "plain") or alone:   # t, d: the models, or serve.batch's stand-ins for them
         run = lambda ids, n, t=target, d=None: generate(t, ids, n, rule, fuse_commit=base != "sdar", generator=seeded())
@@ -157,8 +157,8 @@ def by_batch(plans, batches, tasks, max_new_tokens, repeats, device, exact):
         for (_, B), (_, run) in plans[N].items():
             go(run, B, N, prompts[:N])
     for r in tqdm(range(repeats * len(batches)), desc="bench (batches)", file=sys.stderr):
-        runs = list(plans[N := batches[r % len(batches)]].items())
-        for key, (_, run) in runs[r % len(runs):] + runs[:r % len(runs)]:   # each method first in turn
+        runs, k = list(plans[N := batches[r % len(batches)]].items()), r // len(batches)
+        for key, (_, run) in runs[k % len(runs):] + runs[:k % len(runs)]:   # each method first in turn
             t0, syncs = sync() or time.perf_counter(), SYNCS["host"]
             results, pools = go(run, max_new_tokens, N)
             sync()

@@ -118,14 +118,15 @@ def drafter_gate(cost, drafter, target_dir, rule, verifier=None, acceptance=None
                       reach.per_round(target_dir, "simsd", rule))
 
 
-def rule_alone(cost, target_dir, method, rule):
-    """Why `method` (measure/reach.METHODS) runs as the rule alone at this block size on this
-    device, or None: its copies would not pay in any round (fast.pays on the reach table's
-    means a round, proposing free but for one drafter step at its cheapest)."""
+def rule_alone(cost, target_dir, method, rule, drafter=None):
+    """None, or why `method` (measure/reach.METHODS) runs as the rule alone at this block size on
+    this device: its rounds would pay in none (fast.pays on the reach table's means a round),
+    even proposing at its cheapest (SimSD: one drafter step of `drafter`'s at the table's
+    price; the others: free)."""
     per_round = None if cost is None else reach.per_round(target_dir, method, rule)
     if per_round is None:
         return None
-    d = cost.drafting if method == "simsd" and cost.drafting else dict(step_s=[0.0])
+    d = (method == "simsd" and costs.drafting(cost, drafter)) or dict(step_s=[0.0])
     if fast.pays(cost, per_round, min(d["step_s"]) + d.get("round_s", 0.0)):
         return None
     batch = f" in a batch of {cost.batch}" if getattr(cost, "batch", 1) > 1 else ""

@@ -84,22 +84,21 @@ def pays(cost, per_round, spend=0.0):
 
 
 def gated(draft, cost, drafting, per_round):
-    """SimSD's drafter loop `draft`, run only in rounds where it pays (decided before it runs),
-    by a cost table's prices (measure/costs.py): drafting k steps at `ahead` blocks costs k *
-    drafting["step_s"][ahead] (the drafter's forwards AND its ops), its cache catching up on
-    the blocks (and prompt) it skipped their rows' share of step_s's slope, and a drafted round
-    drafting["round_s"] beyond that and its copies' price; it walks and verifies a reach table's
-    means a round (per_round). A round that does not pay proposes nothing: the rule's own step
-    (the drafter's cache catches up when it next runs). Without drafting or per_round: `draft`."""
+    """SimSD's drafter loop `draft`, run only in rounds where it pays, decided before it runs. By
+    a cost table's prices (measure/costs.py), a drafted round costs:
+        k * drafting["step_s"][ahead]   k drafter steps (forwards AND ops, catching up included)
+      + drafting["round_s"]             what a drafted round takes beyond that and its copies
+      + cost(1 + copies)                its forward and walk (in pays)
+    and walks per_round[0] steps (a reach table's means a round: per_round). A round that does
+    not pay proposes nothing: the rule's own step (the drafter's cache catches up when it next
+    runs). Without drafting or per_round: `draft` itself."""
     if not drafting or not per_round:
         return draft
     step_s, round_s = drafting["step_s"], drafting.get("round_s", 0.0)
 
     def gated_draft(sess, front, rule, s, ahead, stops, generator=None):
-        B, behind = len(front.host), 0 if sess.pending is None else len(sess.pending)  # to catch up
-        k = min(s.draft_steps, front.n_masked + ahead * B)                   # as draft runs
-        spend = (k * step_s[min(ahead, len(step_s) - 1)] + round_s      # + a step's a row more:
-                 + behind * (step_s[-1] - step_s[0]) / max(1, (len(step_s) - 1) * B))
+        k = min(s.draft_steps, front.n_masked + ahead * len(front.host))      # as draft runs
+        spend = k * step_s[min(ahead, len(step_s) - 1)] + round_s
         return draft(sess, front, rule, s, ahead, stops, generator) if pays(
             cost, per_round, spend) else Draft([], [], [], None, [])
     return gated_draft

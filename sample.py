@@ -53,24 +53,24 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     rule = cli.make_rule(model, block_size, cli.default_threshold(threshold, strategy),
                          strategy=strategy, **rule_kw)
     cli.check_block_size(model, rule.block_size, "target")
-    drf, (cost, cost_note) = None, costs.cost_model(target, model, rule.block_size, cost_table, batch)
+    cost, cost_note = costs.cost_model(target, model, rule.block_size, cost_table, batch)
     rows = cli.max_rows(max_rows, device, compile, rule.block_size)
     scale, reach_note = reach.find(target, reach.method_of(spec, reference), rule)   # the cut's reach
+    drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype) if spec == "simsd" else None
+    g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule) if spec == "spiffy" else None   # checked, used or not
     alone = spec != "none" and verifier != "temporal" and acceptance in (None, "lossless") and cli.rule_alone(
-        cost, target, reach.method_of(spec, reference), rule)     # copies would not pay in any round
+        cost, target, reach.method_of(spec, reference), rule, drf)     # copies would pay in no round
     cost_note += (f"; at most {rows} rows of copies a forward" if rows else "") + f"; {alone or reach_note}"
     # run(ids, n, **kw) decodes with `model` and `drf`, or the stand-ins serve.batch gives (t, d)
     if spec == "none" or alone:
-        run = lambda ids, n, t=model, d=None, rule=rule, generator=None, on_block=None, **_: generate(
+        drf, run = None, lambda ids, n, t=model, d=None, rule=rule, generator=None, on_block=None, **_: generate(
             t, ids, n, rule, generator=generator, on_block=on_block)
     elif spec == "simsd":
-        drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype)
         draft = cli.drafter_gate(cost, drf, target, rule, verifier, acceptance)   # where it pays
         run = lambda ids, n, t=model, d=drf, rule=rule, **kw: simsd(t, d, ids, n, **{**dict(
             rule=rule, reference=reference or "drafter", draft=draft, walk=fast.walk,
             cut=fast.cutter(cost, rows, rule.block_size, scale)), **kw})
     else:
-        g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule)
         run = lambda ids, n, t=model, d=None, rule=rule, **kw: counting(spiffy_generate)(
             t, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size, scale), **kw)
     cli.compile_models(model, drf, compile, attention)

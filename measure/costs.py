@@ -29,6 +29,8 @@ device, torch and sync_s is a table once model, block_size, code and date are ad
                 (0, 1, ...), the seconds of a drafter step: its forward AND its ops (a third of
                 it on a CPU); round_s, what a drafted round takes beyond its drafting and its
                 copies' price: both fast.gated weighs before the drafter runs
+    batch       optional (measure_batch): requests (1, 4, 8, 16), and one_s and two_s, a batched
+                round of that many requests with one copy each and with two (costs_in's)
 Between two measured row counts a forward costs the straight line between them; past the last,
 the last segment's slope; below the first, the first's seconds. A table from before rows has
 "copies" (of block_size rows each) in their place and no cache_len (two blocks) or code: it is
@@ -277,7 +279,8 @@ def drafting(cost, drafter):
 
 def flat(B):
     """A flat cost model (--cost-table flat): every forward the same, rows free, drafting free,
-    as rows nearly are on a GPU: the cut then keeps every copy a positive reach reaches."""
+    as rows nearly are on a GPU: the cut then keeps every copy a positive reach reaches (a
+    method whose rounds walk at most fast.MARGIN steps still runs the rule alone)."""
     cost = cost_of(dict(block_size=B, rows=[B, 2 * B], seconds=[1.0, 1.0]))
     cost.path, cost.stale = "flat", None
     return cost
@@ -295,7 +298,10 @@ def read_table(path):
         ok = (len(rs) == len(ts) >= 2 and all(type(n) is int for n in rs) and rs == sorted(set(rs))
               and rs[0] >= 1 and all(isinstance(x, (int, float)) and x > 0 for x in ts) and ts == sorted(ts)
               and all(type(t[k]) is int and t[k] >= 0 for k in ("block_size", "cache_len"))
-              and ("draft" not in t or all(x > 0 for x in t["draft"]["step_s"])))
+              and ("draft" not in t or isinstance(t["draft"]["model"], str) and t["draft"]["step_s"]
+                   and all(x > 0 for x in t["draft"]["step_s"]))
+              and ("batch" not in t or all(len(t["batch"][k]) == len(t["batch"]["requests"]) > 0
+                                           for k in ("one_s", "two_s"))))
         if not ok or not all(isinstance(t.get(k), str) for k in ("device", "dtype", "model")):
             raise ValueError
     except OSError as e:

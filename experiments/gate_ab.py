@@ -1,5 +1,5 @@
 """Does SimSD's drafter pay on this machine, and does the gate's price of a drafted round
-(fast.gated: the cost table's drafter step, catch-up rows and round_s, plus its copies'
+(fast.gated: the cost table's drafter steps and round_s, plus its copies'
 price) match what the round takes? (docs/results.md, "Copies bought at their price")
 
 Held-out problems decoded by `threshold` and by `--spec simsd` with the drafter in every round

@@ -191,7 +191,7 @@ def batch_rows(first, walls, batches, exact):
 def report(rows, failed, notes, out, head):
     """--batch's table, notes and failures printed, the JSON saved and printed -> exit status."""
     print("\n".join([table(rows)] + notes + [f"FAILED: {f}" for f in failed]))
-    print(json.dumps(save(out, dict(head, results=rows, lossless_ok=not failed, gpu_model=GPU_MODEL,
+    print(json.dumps(save(out, dict(head, notes=notes, results=rows, lossless_ok=not failed, gpu_model=GPU_MODEL,
                                     date=time.strftime("%Y-%m-%d")))))
     return 1 if failed else 0
 

@@ -6,11 +6,13 @@ Held-out problems decoded by `threshold` and by `--spec simsd` with the drafter 
 ("always"), in none ("never": the rule alone, through SimSD's round), and as the cost table's
 gate decides ("gated"), interleaved prompt by prompt; tokens/s x threshold per pass. Then, from
 the always-pass's counts: a drafted round's measured time (after the prompts' prefills, priced
-by the table) against the gate's price of it, and a rule round's against the table's.
+by the table) against the gate's price of it, and a rule round's against the table's; a drafter
+step in decoding (between the target's forwards) against one timed back to back.
 
     python experiments/gate_ab.py --block-size 4 --passes 5
 """
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,14 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import cli  # noqa: E402
 import fast  # noqa: E402
-from decode import generate  # noqa: E402
+from decode import Frontier, Session, generate  # noqa: E402
 from loading import util  # noqa: E402
 from measure import costs, reach  # noqa: E402
+from speculate import Settings  # noqa: E402
 from training.tasks import problems  # noqa: E402
 from variants import simsd  # noqa: E402
 
 SMOKE = "--prompts 2 --passes 1 --max-new-tokens 8"
-SMOKE_OUTPUT = r"pass 1: always [\d.]+x, never [\d.]+x, gated [\d.]+x threshold\n.*drafted round [\d.]+ ms, priced [\d.]+"
+SMOKE_OUTPUT = r"pass 1: always [\d.]+x, never [\d.]+x, gated [\d.]+x threshold\n.*drafted round [\d.]+ ms, priced [\d.]+.*\n.*in decoding, [\d.]+ ms timed back to back"
 
 
 def main(block_size=4, prompts=40, passes=3, max_new_tokens=64, threads=2):
@@ -42,7 +45,14 @@ def main(block_size=4, prompts=40, passes=3, max_new_tokens=64, threads=2):
         table = costs.measure(tgt, B, 2)
         cost = costs.cost_of(dict(table, draft=costs.measure_draft(tgt, drf, B, 2, table=table)))
     cut = fast.cutter(cost, None, B, reach.find(cli.DEFAULT_TARGET, "simsd", rule)[0])
-    drafts = dict(always=fast.draft, never=fast.gated(fast.draft, cost, dict(step_s=[1.0]), (1.0, 0.0)),
+    insitu = {}                                               # drafter steps as they run, by ahead
+
+    def timed(sess, front, rule, s, ahead, stops, generator=None):
+        t0 = time.perf_counter()
+        d = fast.draft(sess, front, rule, s, ahead, stops, generator)
+        insitu.setdefault(ahead, []).append((time.perf_counter() - t0) / min(s.draft_steps, front.n_masked + ahead * B))
+        return d
+    drafts = dict(always=timed, never=fast.gated(fast.draft, cost, dict(step_s=[1.0]), (1.0, 0.0)),
                   gated=cli.drafter_gate(cost, drf, cli.DEFAULT_TARGET, rule))
     runs = dict(threshold=lambda ids: generate(tgt, ids, max_new_tokens, rule), **{
         k: lambda ids, d=d: simsd(tgt, drf, ids, max_new_tokens, rule, draft=d, walk=fast.walk, cut=cut)
@@ -71,6 +81,25 @@ def main(block_size=4, prompts=40, passes=3, max_new_tokens=64, threads=2):
     priced = min(d["draft_steps"], B) * d["step_s"][-1] + d.get("round_s", 0.0) + cost(1 + copies / n)
     print(f"a drafted round {1e3 * s / n:.2f} ms, priced {1e3 * priced:.2f} ms ({steps / n:.2f} steps, "
           f"{copies / n:.2f} copies); a rule round {1e3 * s_t / max(n_t, 1):.2f} ms, priced {1e3 * cost(1):.2f} ms")
+    a = max(insitu)
+    print(f"a drafter step ({a} blocks ahead): {1e3 * statistics.median(insitu[a]):.2f} ms in decoding, "
+          f"{1e3 * back_to_back(drf, rule, ids_all[0], a):.2f} ms timed back to back")
+
+
+def back_to_back(drafter, rule, prompt, ahead, calls=30):
+    """The median drafter step of fast.draft called again and again on one state, `ahead`
+    blocks ahead: nothing between the calls."""
+    B, s = rule.block_size, Settings().for_block(rule.block_size)
+    n = len(prompt) // B * B
+    sess = Session(drafter, B, n + (ahead + 2) * B)
+    sess.prefill(torch.tensor(prompt[:n]))
+    front = Frontier(torch.full((B,), rule.mask_id), torch.arange(n, n + B), B, [rule.mask_id] * B)
+    times = []
+    for _ in range(calls + 1):
+        t0 = time.perf_counter()
+        fast.draft(sess, front, rule, s, ahead, set())
+        times.append((time.perf_counter() - t0) / s.draft_steps)
+    return statistics.median(times[1:])
 
 
 if __name__ == "__main__":

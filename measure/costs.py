@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 import mask as masks
-from decode import DecodeRule, Frontier, Session
+from decode import DecodeRule, Session
 from loading.checkpoint import PRESETS
 from verify import Guesses, verify_copies
 
@@ -149,8 +149,8 @@ def measure(model, B, repeats=5, cache_len=None, target=None):
 def measure_draft(target, drafter, B, repeats=5, path=None, table=None, new_blocks=8):
     """SimSD's drafting, as it runs: `repeats` prompts of random tokens decoded by
     speculate.simsd_generate (the target verifying, the threshold rule), each call of
-    fast.draft timed between the target's forwards (a drafter timed back to back, its small ops
-    hot in the caches, ran 20% faster), and by plain decoding, timed whole: its rounds put the
+    fast.draft timed where it runs, between the target's forwards (experiments/gate_ab.py sets
+    it against one timed back to back), and by plain decoding, timed whole: its rounds put the
     times in `table`'s time base (a shared machine is faster or slower by the minute). -> the
     table's "draft": per blocks drafted ahead, 0 to LOOKAHEAD, the median drafter step (its
     cache catching up on the blocks the last round finished: most calls), and round_s, the median

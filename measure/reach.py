@@ -80,8 +80,9 @@ def per_round(target_dir, method, rule):
     """(steps walked, copies past the open block verified) per round, the means in the reach
     table next to the weights (fast.gated's); None without a table or its rounds."""
     path = table_path(target_dir, method, rule)
-    if not path.is_file() or load(path, method, rule) is None:
+    if not path.is_file():
         return None
+    load(path, method, rule)                      # refused (one line) if for another method or rule
     t = json.loads(path.read_text())
     return (t["steps"] / t["rounds"], t["copies"] / t["rounds"]) if t.get("rounds") else None
 

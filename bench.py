@@ -6,6 +6,7 @@ compares it with `threshold`, the others with `plain`, one token a step):
   plain           the same with the commit fused into the next block's first forward
   threshold       the threshold rule (low_confidence_dynamic), fused commit
   simsd-paper     the paper's: gamma = B drafts, temporal-mask verifier, accept on agreement
+  simsd-temporal  the temporal verifier on sample.py's drafter (--verify temporal)
   simsd-exact     the same drafts verified exactly (block copies), the paper's acceptance
   simsd-gated     exact states, accepted only where the target is sure (keeps its answers)
   simsd-lossless  exact states, plain decoding's rule walked through them (must equal plain)
@@ -51,6 +52,7 @@ from variants import simsd as simsd_generate
 
 SIMSD = {  # name -> simsd_generate settings (the paper's: gamma = B drafts, one a forward)
     "simsd-paper": dict(verifier="temporal", acceptance="paper", draft_threshold=None, draft_stop=None),
+    "simsd-temporal": dict(verifier="temporal", acceptance="paper"),   # sample.py's --verify temporal
     "simsd-exact": dict(verifier="copies", acceptance="paper", draft_threshold=None, draft_stop=None),
     "simsd-gated": dict(verifier="copies", acceptance="gated"),
     "simsd-lossless": dict(verifier="copies", acceptance="lossless"),

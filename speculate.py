@@ -177,22 +177,23 @@ def correct(p_target, p_draft, rule, generator=None):
 
 def accept_temporal(logits, front, d, rule, generator=None):
     """The paper's acceptance: the drafts in draft order while the target agrees; the first one
-    rejected gets the target's correction; if all are accepted and masks remain, the target
-    reveals its most confident undrafted position (a bonus). -> (new block, drafts accepted)."""
+    rejected gets the target's correction; if all are accepted, the target takes its own step
+    from there (its rule on the undrafted slots: the paper's bonus token under a one-token
+    rule; with nothing drafted, the rule's own step). -> (new block, drafts accepted)."""
     n, block = len(d.pos), front.block.clone()
-    p_target = rule.probs(logits)                                    # (slots, V)
-    ok = agree(p_target[:n], d, rule, generator)
-    k = torch.cat([~ok, ok.new_ones(1)]).int().argmax()              # drafts accepted
+    k = torch.zeros((), dtype=torch.long, device=block.device)      # drafts accepted
     if n:
-        i, tokens = torch.arange(n, device=block.device), to_device(d.tokens, block.device)
-        fix = correct(p_target[:n], d.p_draft, rule, generator)
-        block[to_device(d.pos, block.device)] = torch.where(i < k, tokens, torch.where(
-            i == k, fix, rule.mask_id))
-    if len(logits) > n:                                             # the bonus, if all accepted
-        tok, confidence = rule.pick(logits[n:], generator)
-        at = to_device(undrafted(front, d, rule.mask_id), block.device)[confidence.argmax()]
-        block[at] = torch.where(k == n, tok[confidence.argmax()], block[at])
-    return block, k
+        p_target = rule.probs(logits[:n])                            # (drafts, V)
+        ok = agree(p_target, d, rule, generator)
+        k = torch.cat([~ok, ok.new_ones(1)]).int().argmax()
+        i, at = torch.arange(n, device=block.device), to_device(d.pos, block.device)
+        tokens, fix = to_device(d.tokens, block.device), correct(p_target, d.p_draft, rule, generator)
+        rejected = block.clone()
+        rejected[at] = torch.where(i < k, tokens, torch.where(i == k, fix, rule.mask_id))
+        block[at] = tokens                                           # every draft accepted
+    if len(logits) > n:                                              # the target's own step
+        block = rule(logits[n:], block, front.step, generator)
+    return (torch.where(k == n, block, rejected) if n else block), k
 
 
 def undrafted(front, d, mask_id):
@@ -212,7 +213,8 @@ def temporal_round(sess, rule, s, propose, generator, counts):
         more = s.extra(logits[by_position], front.block[None], block[None])
         host, k, *ranks = to_host(block, k, *more)
         if counts is not None:
-            counts.ended(k, "every draft accepted" if k == len(d.pos) else "draft rejected")
+            counts.ended(k, "nothing drafted" if not d.pos else "every draft accepted" if
+                         k == len(d.pos) else "draft rejected")
         return Advance([], Frontier(block, front.pos, host.count(rule.mask_id), host,
                                     front.step + 1, tuple(h[0] for h in ranks)))
     return one_round

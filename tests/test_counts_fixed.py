@@ -31,6 +31,12 @@ Re-recorded 2026-12-06, evening: a drafter's prompt joins its first forward (dec
 it may never run, fast.gated). 40 runs moved in the drafter's forwards and rows only; no token
 and no target count moved.
 
+Re-recorded 2026-12-06, night: when every draft is accepted, the temporal round takes the
+target's own step on the undrafted slots (speculate.accept_temporal: its rule, no longer one
+bonus token), so a round that drafts nothing is the rule's own step. 3 of the 16 temporal runs
+moved: 1 greedy on the threshold rule, 2 sampled (the rule's draws); the 5 greedy one-token
+runs kept every token and count.
+
 A change that moves counts on purpose rewrites the fixture, and says so:
     python tests/test_counts_fixed.py --write
 """

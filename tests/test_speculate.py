@@ -261,7 +261,8 @@ def test_greedy_accept_takes_the_matching_prefix_then_the_targets_correction():
     assert n_accepted == 2                        # 6 and 7 match, then 0 != 4
     assert new.tolist() == [7, 5, 6, 4]           # the third slot gets the target's argmax
 
-    # every draft accepted and a mask left: the bonus is the most confident undrafted slot
+    # every draft accepted and a mask left: the target's own step (one token a step: its most
+    # confident undrafted slot)
     d2 = Draft(pos=[2], tokens=[6], p_draft=torch.full((1, V), 1.0 / V), tau=[1])
     logits2 = torch.full((3, V), -5.0)            # slots: drafted 2, undrafted 0 and 3
     logits2[0, 6], logits2[1, 4], logits2[2, 7] = 5.0, 2.0, 9.0
@@ -534,6 +535,26 @@ def test_lossless_simsd_equals_plain_decoding(tiny_model, B, rule_kw, temperatur
         assert out == plain, f"prompt {k}"
         hist.update(stats["accept_hist"])
     assert max(hist) >= 2 and hist[0] > 0, f"vacuous: accept histogram {dict(hist)}"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampling"])
+@pytest.mark.parametrize("rule_kw", [dict(), dict(strategy="low_confidence_dynamic", threshold=0.6),
+                                     dict(strategy="random"), dict(strategy="entropy_bounded")],
+                         ids=["static", "threshold", "random", "entropy"])
+@pytest.mark.parametrize("B", [4, 8])
+def test_a_temporal_round_that_drafts_nothing_is_the_rules_own_step(tiny_model, B, rule_kw,
+                                                                     temperature):
+    """With nothing drafted, every round of the temporal path is the target's own step (its
+    rule on the slots): plain decoding's tokens, so a round the gate declines loses nothing."""
+    target = tiny_model(n_layer=2, block_size=B, seed=0)
+    rule = DecodeRule(MASK_ID, B, temperature=temperature, **rule_kw)
+    nothing = speculate.Settings(verifier="temporal", propose=lambda front, ahead: Draft([], [], []))
+    for k, L in enumerate((3, B, 2 * B + 1)):
+        prompt, seeded = tokens(L, seed=40 + k), lambda: torch.Generator().manual_seed(k)
+        plain, _ = generate(target, prompt, 3 * B, rule, eos_id=NO_EOS, generator=seeded())
+        out, _ = speculate.simsd_generate(target, None, prompt, 3 * B, rule, nothing,
+                                          eos_id=NO_EOS, generator=seeded())
+        assert out == plain, f"prompt {k}"
 
 
 def test_gated_acceptance_takes_sure_drafts_then_the_targets_own_step():

@@ -6,7 +6,7 @@ compares it with `threshold`, the others with `plain`, one token a step):
   plain           the same with the commit fused into the next block's first forward
   threshold       the threshold rule (low_confidence_dynamic), fused commit
   simsd-paper     the paper's: gamma = B drafts, temporal-mask verifier, accept on agreement
-  simsd-temporal  the temporal verifier on sample.py's drafter (--verify temporal)
+                  (simsd-temporal: sample.py's drafter, --verify temporal; both priced by its tables)
   simsd-exact     the same drafts verified exactly (block copies), the paper's acceptance
   simsd-gated     exact states, accepted only where the target is sure (keeps its answers)
   simsd-lossless  exact states, plain decoding's rule walked through them (must equal plain)
@@ -65,7 +65,7 @@ NAMES = ("sdar", "plain", "threshold", *SIMSD, *(f"{m}+threshold" for m in SIMSD
 METHODS = ("sdar", "plain", "threshold", "simsd-gated", "simsd-lossless+threshold", "spiffy+static",
            "spiffy+threshold")
 LOSSLESS = ("sdar", *(m for m in SIMSD if "lossless" in SIMSD[m].values()), "spiffy")   # exact: must equal plain
-ALIAS = {"simsd-lossless": "simsd"}   # a row's method -> its tables' (measure/reach.METHODS)
+ALIAS = {"simsd-lossless": "simsd", **{m: m.replace("-paper", "-temporal") for m in TEMPORAL}}   # a row's method -> its tables
 SPECS = {"none": "threshold", "simsd": "simsd-lossless+threshold", "spiffy": "spiffy+threshold"}  # sample.py's
 ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "position order", dict(order="position")))
 TAGS = {"both": " compiled", "drafter": " (drafter compiled)"}   # --compile both / drafter: the extra rows' names end so
@@ -97,11 +97,12 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     seeded = lambda: torch.Generator(target.embed.weight.device).manual_seed(0)
     drafter = drafter if base in DRAFTED else None
     table, alone = costs.named(simsd["cost"]) if "cost" in simsd else {}, None      # what the row says of it
+    rows_cap = simsd.pop("max_rows", None)
     if "cost" in simsd:   # the speed devices (fast.py): copies capped, their reach calibrated, sized;
         cost, scales = simsd.pop("cost"), simsd.pop("scales")   # SimSD's drafter only where it pays
-        simsd |= dict(cut=fast.cutter(cost, simsd.get("max_rows"), B, scales(base, rule)), **dict(
+        simsd |= dict(cut=fast.cutter(cost, rows_cap, B, scales(base, rule)), **dict(
             draft=cli.drafter_gate(cost, drafter, scales.target, rule, **SIMSD[base])) if base in SIMSD else {})
-        if alone := base in LOSSLESS and cli.rule_alone(cost, scales.target, ALIAS.get(base, base), rule, drafter):
+        if alone := (base in LOSSLESS or base in TEMPORAL) and cli.rule_alone(cost, scales.target, ALIAS.get(base, base), rule, drafter):
             table["rule_alone"] = scales.note(alone)
     if base in ("sdar", "plain") or alone:   # t, d: the models, or serve.batch's stand-ins for them
         run = lambda ids, n, t=target, d=None: generate(t, ids, n, rule, fuse_commit=base != "sdar", generator=seeded())
@@ -112,7 +113,7 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
         graph = graphs(rule)
         run = lambda ids, n, t=target, d=None: counting(spiffy_generate)(t, ids, n, rule, graph, draft_budget, generator=seeded(),
                                                                          walk=fast.walk, **simsd)
-    blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, simsd.pop("max_rows", None))
+    blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, rows_cap)
     run.warm, run.table, run.models = dict(target=target, drafter=drafter, max_blocks=blocks), table, (target, drafter)
     return run
 
@@ -203,8 +204,7 @@ def summarize(stats, outs, tasks, tok, wall):
     total = lambda key: sum((Counter(s.get(key, {})) for s in stats), Counter())
     tokens, nfe = sum(s["tokens"] for s in stats), sum(s["nfe"] for s in stats)
     hist = total("accept_hist") or total("steps_per_forward")    # SimSD's drafts, or Spiffy's steps
-    rows, rows_draft = total("rows"), total("rows_draft")        # query rows a forward -> forwards
-    syncs = sum(s["syncs"] for s in stats)
+    rows, rows_draft, syncs = total("rows"), total("rows_draft"), sum(s["syncs"] for s in stats)   # rows: query rows -> forwards
     correct = sum(extract_answer(tok.decode(o)) == a for o, (_, a) in zip(outs, tasks) if a is not None)
     return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, nfe=nfe, hist=dict(hist),
                 round_ends=dict(total("round_ends")), stops=dict(Counter(s["stop"] for s in stats)),
@@ -224,8 +224,7 @@ COLUMNS = [("method", "method", "{}"), ("B", "block_size", "{}"), ("batch", "bat
            ("tgt fwd/tok", "target_fwd_per_token", "{:.3f}"), ("drf fwd/tok", "draft_fwd_per_token", "{:.2f}"),
            ("tok/tgt fwd", "tokens_per_target_fwd", "{:.2f}"), ("of limit", "fraction_of_limit", "{:.0%}"),
            ("mean/round", "mean_per_round", "{:.2f}"), ("accuracy", "accuracy", "{:.1%}"),
-           ("same", "same_fraction", "{:.0%}"), ("= eager", "same_as_eager", "{:.0%}"),
-           ("stopped", "stopped_fraction", "{:.0%}"),
+           ("same", "same_fraction", "{:.0%}"), ("= eager", "same_as_eager", "{:.0%}"), ("stopped", "stopped_fraction", "{:.0%}"),
            ("reach/walked", "reach_vs_walked", "{:.2f}"), ("rows/tok", "target_rows_per_token", "{:.1f}"), ("syncs/fwd", "syncs_per_target_fwd", "{:.1f}"),
            ("GPU fwd/tok*", "gpu_fwd_equiv_per_token", "{:.3f}")]
 
@@ -275,8 +274,7 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
     for B, m in ((B, m) for B in block_sizes for m in methods):
         base = parse_method(m)[0]
         own = dict(draft_budget=draft_budget) if base == "spiffy" else simsd if base in SIMSD else {}
-        own = dict(own, cost=cost[B][0], max_rows=max_rows[B], scales=scales) if base in (*SIMSD, "spiffy") and \
-            base not in TEMPORAL else own
+        own = dict(own, cost=cost[B][0], max_rows=max_rows[B], scales=scales) if base in (*SIMSD, "spiffy") else own
         variants = {m: {}}
         if sweep in SWEPT and base in SIMSD and base not in SWEPT[sweep] and B == block_sizes[0]:
             print(f"--sweep {sweep}: {m} does not read it (one row)")

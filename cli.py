@@ -110,12 +110,13 @@ def load_drafter(path, target, tok, block_sizes, device="cpu", dtype=None):
 
 def drafter_gate(cost, drafter, target_dir, rule, verifier=None, acceptance=None, **_):
     """SimSD's drafter loop as the command lines run it: fast.draft, in a lossless round on
-    copies gated (fast.gated) by the cost table's drafting and the reach table's means a round,
-    so that it runs only where it is expected to pay."""
-    if drafter is None or verifier == "temporal" or acceptance not in (None, "lossless"):
+    copies or a round on the temporal mask gated (fast.gated) by the cost table's drafting and
+    the reach table's means a round, so that it runs only where it is expected to pay."""
+    temporal = verifier == "temporal"
+    if drafter is None or not temporal and acceptance not in (None, "lossless"):
         return fast.draft
     return fast.gated(fast.draft, cost, costs.drafting(cost, drafter),
-                      reach.per_round(target_dir, "simsd", rule))
+                      reach.per_round(target_dir, reach.method_of("simsd", None, verifier), rule))
 
 
 def rule_alone(cost, target_dir, method, rule, drafter=None):
@@ -126,12 +127,12 @@ def rule_alone(cost, target_dir, method, rule, drafter=None):
     per_round = None if cost is None else reach.per_round(target_dir, method, rule)
     if per_round is None:
         return None
-    d = (method == "simsd" and costs.drafting(cost, drafter)) or dict(step_s=[0.0])
+    d = (method in ("simsd", "simsd-temporal") and costs.drafting(cost, drafter)) or dict(step_s=[0.0])
     if fast.pays(cost, per_round, min(d["step_s"]) + d.get("round_s", 0.0)):
         return None
     batch = f" in a batch of {cost.batch}" if getattr(cost, "batch", 1) > 1 else ""
-    return (f"B={rule.block_size} {method}: copies would not pay here{batch} ({per_round[0]:.2f} "
-            f"steps a round for {per_round[1]:.1f} copies, by the cost and reach tables): the rule alone")
+    return (f"B={rule.block_size} {method}: its rounds would not pay here{batch} ({per_round[0]:.2f} "
+            f"steps a round for {per_round[1]:.2f} copies, by the cost and reach tables): the rule alone")
 
 
 def simsd_drafter(target, drafter, reference, model, tok, block_size, device="cpu", dtype=None):

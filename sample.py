@@ -55,12 +55,12 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     cli.check_block_size(model, rule.block_size, "target")
     cost, cost_note = costs.cost_model(target, model, rule.block_size, cost_table, batch)
     rows = cli.max_rows(max_rows, device, compile, rule.block_size)
-    scale, reach_note = reach.find(target, reach.method_of(spec, reference), rule)   # the cut's reach
+    method, temporal = reach.method_of(spec, reference, verifier), verifier == "temporal"
+    scale, reach_note = reach.find(target, method, rule)   # the cut's reach (the temporal path: none)
     drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype) if spec == "simsd" else None
     g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule) if spec == "spiffy" else None   # checked, used or not
-    alone = spec != "none" and verifier != "temporal" and acceptance in (None, "lossless") and cli.rule_alone(
-        cost, target, reach.method_of(spec, reference), rule, drf)     # copies would pay in no round
-    cost_note += (f"; at most {rows} rows of copies a forward" if rows else "") + f"; {alone or reach_note}"
+    alone = spec != "none" and (temporal or acceptance in (None, "lossless")) and cli.rule_alone(cost, target, method, rule, drf)
+    cost_note = f"{'drafting priced' if temporal else 'copies sized'} by {cost_note}{f'; at most {rows} rows a forward' if rows else ''}; {alone or reach_note}"
     # run(ids, n, **kw) decodes with `model` and `drf`, or the stand-ins serve.batch gives (t, d)
     if spec == "none" or alone:
         drf, run = None, lambda ids, n, t=model, d=None, rule=rule, generator=None, on_block=None, **_: generate(
@@ -74,9 +74,9 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
         run = lambda ids, n, t=model, d=None, rule=rule, **kw: counting(spiffy_generate)(
             t, ids, n, rule, graph=g, walk=fast.walk, cut=fast.cutter(cost, rows, rule.block_size, scale), **kw)
     cli.compile_models(model, drf, compile, attention)
-    plain, blocks = spec == "none" or verifier == "temporal", cli.verified_blocks(rule.block_size, rows)
-    return model, tok, rule, run, None if plain else cost_note, dict(target=model, drafter=drf, max_blocks=2 if spec == "none"
-        else 3 if verifier == "temporal" else blocks), None if plain or cost is None else cost.stale
+    plain, blocks = spec == "none", cli.verified_blocks(rule.block_size, rows)
+    return model, tok, rule, run, None if plain else cost_note, dict(target=model, drafter=drf, max_blocks=2 if plain
+        else 3 if temporal else blocks), None if plain or cost is None else cost.stale
 
 
 def summary(spec, stats, rule, load_s, cost_note=None):
@@ -90,7 +90,7 @@ def summary(spec, stats, rule, load_s, cost_note=None):
         mean = sum(k * v for k, v in stats["accept_hist"].items()) / max(n, 1)
         s += f", reference {ref}, mean accepted {mean:.2f}, {n - stats['round_ends'].get('nothing drafted', 0)} of {n} rounds drafted"
     s += f", steps per forward {stats['steps_per_forward']}" if spec == "spiffy" and "steps_per_forward" in stats else ""
-    return s + (f", copies sized by {cost_note}" if cost_note else "")
+    return s + (f", {cost_note}" if cost_note else "")
 
 
 def main(spec="simsd", prompt=None, target=cli.DEFAULT_TARGET, prompts_file=None, batch=1,

@@ -183,11 +183,10 @@ def accept_temporal(logits, front, d, rule, generator=None):
     n, block = len(d.pos), front.block.clone()
     k = torch.zeros((), dtype=torch.long, device=block.device)      # drafts accepted
     if n:
-        p_target = rule.probs(logits[:n])                            # (drafts, V)
-        ok = agree(p_target, d, rule, generator)
+        ok = agree(p_target := rule.probs(logits[:n]), d, rule, generator)   # p_target: (n, V)
         k = torch.cat([~ok, ok.new_ones(1)]).int().argmax()
         i, at = torch.arange(n, device=block.device), to_device(d.pos, block.device)
-        tokens, fix = to_device(d.tokens, block.device), correct(p_target, d.p_draft, rule, generator)
+        tokens, fix = to_device(d.tokens, at.device), correct(p_target, d.p_draft, rule, generator)
         rejected = block.clone()
         rejected[at] = torch.where(i < k, tokens, torch.where(i == k, fix, rule.mask_id))
         block[at] = tokens                                           # every draft accepted
@@ -213,8 +212,7 @@ def temporal_round(sess, rule, s, propose, generator, counts):
         more = s.extra(logits[by_position], front.block[None], block[None])
         host, k, *ranks = to_host(block, k, *more)
         if counts is not None:
-            counts.ended(k, "nothing drafted" if not d.pos else "every draft accepted" if
-                         k == len(d.pos) else "draft rejected")
+            counts.temporal(d, k)
         return Advance([], Frontier(block, front.pos, host.count(rule.mask_id), host,
                                     front.step + 1, tuple(h[0] for h in ranks)))
     return one_round

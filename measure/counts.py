@@ -14,7 +14,8 @@ class Counts:
     """Rounds counted by kind: ("steps", n) walked, ("copies", n) verified, ("accepted", k)
     drafts, ("end", why) the round ended, "blocks_ahead" finished past the open one, and per
     copy rank r the reach the cut saw summed, ("reach", r), and the rounds the walk visited
-    that copy, ("walked", r) (reach_check)."""
+    that copy, ("walked", r) (reach_check); on the temporal mask, per draft rank, and the
+    "drafts" proposed."""
 
     def __init__(self):
         self.n = Counter()
@@ -36,6 +37,16 @@ class Counts:
             self.ended(k, "nothing drafted" if not most else "every draft accepted" if k == most
                        else "target chose otherwise")
 
+    def temporal(self, d, k):
+        """A round of speculate.temporal_round: Draft d, of which k drafts were accepted; per
+        draft rank its reach and whether it was accepted (walked, for reach_check)."""
+        for r, reach in enumerate(d.reach or [], 1):
+            self.n["reach", r] += reach
+            self.n["walked", r] += r <= k
+        self.n["drafts"] += len(d.pos)
+        self.ended(k, "nothing drafted" if not d.pos else "every draft accepted" if k == len(d.pos)
+                   else "draft rejected")
+
     def ended(self, accepted, why):
         """A round that accepted `accepted` drafts and ended for reason `why`."""
         self.n["accepted", accepted] += 1
@@ -49,7 +60,7 @@ class Counts:
         return dict(accept_hist=self.hist("accepted"), round_ends=self.hist("end"),
                     steps_per_forward=self.hist("steps"), nodes_per_forward=self.hist("copies"),
                     blocks_ahead=self.n["blocks_ahead"], reach_by_rank=self.hist("reach"),
-                    walked_by_rank=self.hist("walked"))
+                    walked_by_rank=self.hist("walked"), drafts=self.n["drafts"])
 
 
 def walked(g, w):

@@ -7,13 +7,17 @@ overstates the walk, most at B = 32 (docs/design.md), so the cut verified copies
 never walked. The proposers keep their raw reach; the reference never reads a table.
 
 The format, one JSON object a file:
-    method      spiffy, simsd (a drafter's drafts), simsd-trajectory or simsd-lookup
+    method      spiffy, simsd (a drafter's drafts), simsd-trajectory or simsd-lookup, each SimSD
+                one on copies or, with -temporal, on the temporal mask (whose "copies" are
+                its drafts, in draft order: walked is accepted)
     rule        spiffy.graph_rule's key and the temperature: a table is used only for them
     reach, walked   per copy rank 1, 2, ...: raw reach summed, and the rounds the walk visited
                 it (a next block's first copy: when the walk visited its complete parent)
     rounds, steps, copies   the rounds counted, the steps they walked and the copies past the
                 open block they verified, summed: a round's means, which fast.gated weighs
-                before SimSD's drafter runs
+                before SimSD's drafter runs (on the temporal mask: the tokens a round reveals
+                over the rule's tokens a step, its rule alone on the same problems; the drafts
+                over block_size, the rows they add)
     scale       per rank, (walked + PRIOR x pooled) / (reach + PRIOR), pooled the ratio of all
                 ranks' sums: a rank counted little borrows the pooled ratio
     problems, max_new_tokens, date, target: from what
@@ -24,16 +28,21 @@ from pathlib import Path
 from measure.graphs import rule_kind
 from spiffy import graph_rule
 
-METHODS = ("spiffy", "simsd", "simsd-trajectory", "simsd-lookup")
+METHODS = ("spiffy", "simsd", "simsd-trajectory", "simsd-lookup", "simsd-temporal",
+           "simsd-trajectory-temporal", "simsd-lookup-temporal")   # -temporal: --verify temporal
 
 
 def rule_key(rule):
     return dict(graph_rule(rule), temperature=rule.temperature)
 
 
-def method_of(spec, reference=None):
-    """The table's method of a command line's spec (simsd, spiffy) and SimSD's reference."""
-    return spec if spec != "simsd" or reference in (None, "drafter") else f"simsd-{reference}"
+def method_of(spec, reference=None, verifier=None):
+    """The table's method of a command line's spec (simsd, spiffy), SimSD's reference and
+    verifier."""
+    if spec != "simsd":
+        return spec
+    ref = "" if reference in (None, "drafter") else f"-{reference}"
+    return f"simsd{ref}-temporal" if verifier == "temporal" else f"simsd{ref}"
 
 
 def table_path(target_dir, method, rule):
@@ -58,8 +67,8 @@ def table(method, rule, reach, walked, **about):
                 scale=scales(reach, walked), **about)
 
 
-def load(path, method, rule):
-    """The scale per rank in `path`, refused (one line) when it is for another method or rule."""
+def read(path, method, rule):
+    """The table in `path`, refused (one line) when unreadable, or for another method or rule."""
     try:
         t = json.loads(Path(path).read_text())
         scale = t["scale"]
@@ -73,7 +82,12 @@ def load(path, method, rule):
     for k, want in (("method", method), ("rule", rule_key(rule))):
         if t.get(k) != want:
             raise ValueError(f"reach table {path} was counted for {k} {t.get(k)!r}, not {want!r}")
-    return scale
+    return t
+
+
+def load(path, method, rule):
+    """The scale per rank in `path` (read's checks)."""
+    return read(path, method, rule)["scale"]
 
 
 def per_round(target_dir, method, rule):
@@ -82,8 +96,7 @@ def per_round(target_dir, method, rule):
     path = table_path(target_dir, method, rule)
     if not path.is_file():
         return None
-    load(path, method, rule)                      # refused (one line) if for another method or rule
-    t = json.loads(path.read_text())
+    t = read(path, method, rule)                  # refused (one line) if for another method or rule
     return (t["steps"] / t["rounds"], t["copies"] / t["rounds"]) if t.get("rounds") else None
 
 

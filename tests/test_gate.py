@@ -123,6 +123,36 @@ def test_the_shipped_reach_tables_give_simsd_its_means_a_round(pair):
     assert reach.per_round(ROOT / "models" / "target", "simsd", other) is None
 
 
+def test_declined_rounds_on_the_temporal_mask_are_the_rules_own_steps(pair):
+    """The temporal path is gated too: a round priced out proposes nothing, and the target's
+    own step on the undrafted slots (speculate.accept_temporal) is then the rule's step."""
+    target, _, prompts, rule = pair
+    gate = fast.gated(fast.draft, flat_cost(), dict(step_s=[1.0] * 4), (3.0, 0.5))
+    for ids, (out, st) in zip(prompts, run(pair, gate, verifier="temporal", acceptance="paper")):
+        plain, pst = generate(target, ids, 48, rule)
+        assert out == plain and st["nfe"] == pst["nfe"] and st["nfe_draft"] <= 1
+        assert st["round_ends"] == {"nothing drafted": st["nfe"] - 1}
+
+
+def test_the_command_lines_price_the_temporal_path_by_its_own_tables(pair):
+    """Its drafter gated by simsd-temporal's means a round; a method whose rounds would pay in
+    none (lookup's on the temporal mask reveal fewer tokens a round than the rule's step) runs
+    the rule alone; the copies' acceptance ablations draft in every round."""
+    target, drafter, _, rule = pair
+    where = ROOT / "models" / "target"
+    cost = flat_cost()
+    cost.drafting = dict(model=costs.model_shape(drafter.config), step_s=[1e-3] * 4, round_s=0.0)
+    assert reach.method_of("simsd", "lookup", "temporal") == "simsd-lookup-temporal"
+    assert reach.method_of("simsd", None, "temporal") == "simsd-temporal"
+    assert cli.drafter_gate(cost, drafter, where, rule, "temporal", "paper") is not fast.draft
+    assert cli.drafter_gate(cost, drafter, where, rule, "copies", "paper") is fast.draft
+    steps, _ = reach.per_round(where, "simsd-lookup-temporal", rule)
+    assert steps < fast.MARGIN and "the rule alone" in cli.rule_alone(
+        costs.flat(4), where, "simsd-lookup-temporal", rule)
+    steps, copies = reach.per_round(where, "simsd-temporal", rule)
+    assert steps > 1 and 0 < copies < 1             # drafts: at most a block (no lookahead)
+
+
 def test_a_request_in_a_batch_pays_its_share_of_the_round():
     t = dict(block_size=4, rows=[4, 64], seconds=[4e-3, 8e-3],
              batch=dict(requests=[1, 4, 8, 16], one_s=[4e-3, 6e-3, 9e-3, 16e-3], two_s=[5e-3, 8e-3, 13e-3, 24e-3]))

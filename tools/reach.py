@@ -18,6 +18,7 @@ import json  # noqa: E402
 
 import cli  # noqa: E402
 import fast  # noqa: E402
+from decode import generate  # noqa: E402
 from loading import util  # noqa: E402
 from measure import reach  # noqa: E402
 from measure.counts import counting, reach_check  # noqa: E402
@@ -26,28 +27,43 @@ from spiffy import spiffy_generate  # noqa: E402
 from training.tasks import problems  # noqa: E402
 from variants import simsd  # noqa: E402
 
-SMOKE = "--out {tmp} --block-size 4 --methods spiffy,simsd-trajectory --problems 2 --max-new-tokens 24"
+SMOKE = "--out {tmp} --block-size 4 --methods spiffy,simsd-trajectory,simsd-lookup-temporal --problems 2 --max-new-tokens 24"
 SMOKE_OUTPUT = r"reach_b4_simsd-trajectory_t0\.9\.json: raw reach / walked, worst rank [\w.]+; #1: [\d.]+/\d+"
 
 
 def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=None):
-    """Every prompt by `method` (Spiffy's: on `graph`), every copy verified -> ({rank: raw
-    reach summed}, {rank: walked}, {"rounds", "steps" walked, "copies" verified: summed})."""
+    """Every prompt by `method` (Spiffy's: on `graph`), every copy verified (on the temporal
+    mask: every draft) -> ({rank: raw reach summed}, {rank: walked}, {"rounds", "steps"
+    walked, "copies" verified: summed}; a temporal round's steps: its tokens over the rule's
+    own tokens a step, decoding the same prompts alone; its copies: drafts / block_size)."""
     reach_by, walked_by, rounds = {}, {}, dict(rounds=0, steps=0, copies=0)
+    temporal, tokens, alone = method.endswith("-temporal"), [0, 0], [0, 0]   # (tokens, rounds)
     for ids in prompts:
         if method == "spiffy":
             _, st = counting(spiffy_generate)(target, ids, max_new_tokens, rule, graph=graph, walk=fast.walk)
         else:
-            ref = method.removeprefix("simsd").removeprefix("-") or "drafter"
+            ref = method.removeprefix("simsd").removesuffix("-temporal").removeprefix("-") or "drafter"
             _, st = simsd(target, drafter if ref == "drafter" else None, ids, max_new_tokens, rule,
-                          reference=ref, draft=fast.draft, walk=fast.walk)
+                          reference=ref, draft=fast.draft, walk=fast.walk,
+                          **dict(verifier="temporal", acceptance="paper") if temporal else {})
         for r, x in st["reach_by_rank"].items():
             reach_by[r] = reach_by.get(r, 0.0) + x
         for r, x in st["walked_by_rank"].items():
             walked_by[r] = walked_by.get(r, 0) + x
+        if temporal:
+            n = sum(st["accept_hist"].values())
+            rounds["rounds"] += n
+            rounds["copies"] += st["drafts"] / rule.block_size
+            tokens = [tokens[0] + st["tokens"], tokens[1] + n]
+            plain = generate(target, ids, max_new_tokens, rule)[1]
+            prefill = len(ids) >= rule.block_size      # (a forward only for a whole block)
+            alone = [alone[0] + plain["tokens"], alone[1] + plain["nfe"] - prefill]
+            continue
         rounds["rounds"] += sum(st["steps_per_forward"].values())
         rounds["steps"] += sum(n * x for n, x in st["steps_per_forward"].items())
         rounds["copies"] += sum(n * x for n, x in st["nodes_per_forward"].items())
+    if temporal:
+        rounds["steps"] = tokens[0] * alone[1] / alone[0]
     return reach_by, walked_by, rounds
 
 
@@ -68,7 +84,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=cli.DEFAULT_DRAFTER, block_sizes=(4,
     cli.check_rule(threshold, 0.0, None, cli.EB_THRESHOLD)
     out = Path(out or target)
     util.check_writable(out, "--out", folder=True)
-    drafted = "simsd" in methods
+    drafted = {"simsd", "simsd-temporal"} & set(methods)
     tgt, tok, drf = cli.load_models(target, drafter if drafted else None, block_sizes)
     prompts = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(n_problems, "train")]
     for B in block_sizes:

@@ -71,7 +71,7 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
 
 
 MARGIN = 1.1   # the least gain a speculative round must promise: a table's prices relative to
-               # each other moved by up to 10% between runs of tools/costs.py on a 2-core CPU
+               # each other moved 4-13% between runs of tools/costs.py on a 2-core CPU (once 37%)
 
 
 def pays(cost, per_round, spend=0.0):
@@ -90,8 +90,9 @@ def gated(draft, cost, drafting, per_round):
       + drafting["round_s"]             what a drafted round takes beyond that and its copies
       + cost(1 + copies)                its forward and walk (in pays)
     and walks per_round[0] steps (a reach table's means a round: per_round). A round that does
-    not pay proposes nothing: the rule's own step (the drafter's cache catches up when it next
-    runs). Without drafting or per_round: `draft` itself."""
+    not pay proposes nothing: an empty Draft, whose one copy (the open block) is walked one
+    step, the rule's own (on the temporal mask: speculate.accept_temporal's own step); the
+    drafter's cache catches up when it next runs. Without drafting or per_round: `draft`."""
     if not drafting or not per_round:
         return draft
     step_s, round_s = drafting["step_s"], drafting.get("round_s", 0.0)

@@ -47,11 +47,11 @@ def simsd_temporal(prefix, n_commit, step, is_slot):
 
 
 def block_copies(prefix, n_commit, block_size, sees):
-    """The exact verification mask (Spiffy, SimSD's lossless path): queries are [finished
-    blocks (n_commit rows) ; copy_0 ; ... ; copy_n], each copy a state of a block. A copy sees
-    the cache, the finished blocks, and the copies `sees` names (sees[q, k], a bool tensor at
-    least n x n: itself, and the copies of the blocks it continues). The finished blocks are
-    block-causal. So each copy gets the target's logits in that state."""
+    """The exact verification mask (Spiffy, SimSD's lossless): queries are [finished blocks
+    (n_commit rows: decode.Session's pending commit) ; copy_0 ; ... ; copy_n], each copy a state
+    of a block. A copy sees the cache, the finished blocks, and the copies `sees` names (sees[q,
+    k], a bool tensor at least n x n: itself, and the copies of the blocks it continues). The
+    finished blocks are block-causal. So each copy gets the target's logits in that state."""
     prefix, n_commit = torch.as_tensor(prefix), torch.as_tensor(n_commit)
     shared, block_size = prefix + n_commit, torch.full_like(prefix, block_size)
 

@@ -187,9 +187,8 @@ def accept_temporal(logits, front, d, rule, generator=None):
         k = torch.cat([~ok, ok.new_ones(1)]).int().argmax()
         i, at = torch.arange(n, device=block.device), to_device(d.pos, block.device)
         tokens, fix = to_device(d.tokens, at.device), correct(p_target, d.p_draft, rule, generator)
-        rejected = block.clone()
+        rejected, block[at] = block.clone(), tokens                  # block: every draft accepted
         rejected[at] = torch.where(i < k, tokens, torch.where(i == k, fix, rule.mask_id))
-        block[at] = tokens                                           # every draft accepted
     if len(logits) > n:                                              # the target's own step
         block = rule(logits[n:], block, front.step, generator)
     return (torch.where(k == n, block, rejected) if n else block), k

@@ -86,12 +86,13 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
         new = rule(each[i], g.copies[i], step, generator)
         path.append((each[i], new))
         host, copies, *ranks = to_host(new, g.copies, *extra(each[i], g.copies[i][None], new[None]))
+        # the new state as a copy of this block (its copies share `after`) to go on from
         j = next((c for c in range(n) if copies[c] == host and after[c] == after[i]
                   and then[c] is not None), None)
         if j is None:                                    # none: the round ends
             return Walk(path, host, [h[0] for h in ranks], crossed, copies, visited)
         visited.append(j)
-        if not g.n_masked[j]:                            # block finished: on into the next
+        if not g.n_masked[j]:   # block finished: on from the next block's first copy, step 0
             crossed.append((len(path), j))
         i, step = then[j], step + 1 if g.n_masked[j] else 0
 

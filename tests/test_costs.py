@@ -266,6 +266,22 @@ def test_a_table_from_before_rows_is_read_as_before_and_called_stale(tmp_path):
             "--device cpu --dtype float32")
 
 
+def test_the_code_hash_follows_the_code_not_its_words(tmp_path, monkeypatch):
+    """A comment or a docstring edited leaves the hash (and the tables) as they were; a changed
+    constant does not."""
+    was = costs.code_hash()
+    for name in costs.CODE:
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    monkeypatch.setattr(costs, "ROOT", tmp_path)
+    assert costs.code_hash() == was
+    fast = tmp_path / "fast.py"
+    text = fast.read_text()
+    fast.write_text(text.replace('"""Speed devices', '"""The speed devices', 1) + "# a comment\n")
+    assert costs.code_hash() == was
+    fast.write_text(text.replace("MARGIN = 1.1", "MARGIN = 1.2", 1))
+    assert costs.code_hash() != was
+
+
 @pytest.fixture(scope="module")
 def stale_table(steep_table):
     """The steep table, said to be measured on other code."""

@@ -100,7 +100,7 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     rows_cap = simsd.pop("max_rows", None)
     if "cost" in simsd:   # the speed devices (fast.py): copies capped, their reach calibrated, sized;
         cost, scales = simsd.pop("cost"), simsd.pop("scales")   # SimSD's drafter only where it pays
-        simsd |= dict(cut=fast.cutter(cost, rows_cap, B, scales(base, rule)), **dict(
+        simsd |= dict(cut=fast.cutter(cost, rows_cap, B, None if base in TEMPORAL else scales(base, rule)), **dict(
             draft=cli.drafter_gate(cost, drafter, scales.target, rule, **SIMSD[base])) if base in SIMSD else {})
         if alone := (base in LOSSLESS or base in TEMPORAL) and cli.rule_alone(cost, scales.target, ALIAS.get(base, base), rule, drafter):
             table["rule_alone"] = scales.note(alone)
@@ -120,13 +120,14 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
 
 def measure(plan, tasks, max_new_tokens, tok, repeats, device, compiled):
     """Warm-up timed apart (compiled(row): cli.warm_up, every graph built first; else one
-    prompt), then each task through every method before the next (a slow spell of a shared
-    machine hits all alike). Outputs and counts from the first pass; wall time the median over
-    repeats. -> (outputs, each row's figures, graphs compiled in the timed passes)."""
+    prompt), then each task through every method before the next, each method first in turn (a
+    slow spell of a shared machine, or a slow place in the order, hits all alike). Outputs and
+    counts from the first pass; wall time the median over repeats. -> (outputs, each row's
+    figures, graphs compiled in the timed passes)."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    warmup, walls = Counter(), {key: [0.0] * repeats for key in plan}
-    outs, stats = {key: [] for key in plan}, {key: [] for key in plan}
-    for key, (_, run) in plan.items():
+    warmup, walls, outs, stats = Counter(), {key: [0.0] * repeats for key in plan}, {key: [] for key in plan}, {key: [] for key in plan}
+    runs = list(plan.items())
+    for key, (_, run) in runs:
         t0 = time.perf_counter()
         if compiled(key[0]):
             cli.warm_up([run], [ids for ids, _ in tasks], max_new_tokens, key[1], **run.warm)
@@ -136,9 +137,8 @@ def measure(plan, tasks, max_new_tokens, tok, repeats, device, compiled):
     graphs_after_warmup = counters["stats"]["unique_graphs"]
     for r in tqdm(range(repeats * len(tasks)), desc="bench (prompts)", file=sys.stderr):
         ids = tasks[r % len(tasks)][0]
-        for key, (_, run) in plan.items():
-            sync()
-            t0 = time.perf_counter()
+        for key, (_, run) in runs[r % len(runs):] + runs[:r % len(runs)]:   # each method first in turn
+            t0 = sync() or time.perf_counter()
             out, st = run(ids, max_new_tokens)
             sync()
             walls[key][r // len(tasks)] += time.perf_counter() - t0

@@ -29,7 +29,7 @@ same method, and against threshold's own target forward.
 
 --ops counts the aten ops each part dispatches (a dispatch mode, eager only) instead of timing
 it: counts repeat exactly, and on a CPU, where a small op costs its dispatch, the share of ops
-outside the forwards is close to the share of time (docs/results.md, "Time outside the forwards
+outside the forwards is close to the share of time (docs/history.md, "Time outside the forwards
 is its ops"). It prints a table per block size: a row per method, a column per part.
 """
 import argparse

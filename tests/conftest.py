@@ -38,10 +38,15 @@ from training.tasks import problems  # noqa: E402
 torch.set_num_threads(1)
 
 
+SLOWEST = ("test_inductor_flex.py", "test_inductor.py", "test_gpu_check.py", "test_errors.py",
+           "test_scripts.py", "test_attention.py")   # a minute or more each, cold
+
+
 def pytest_collection_modifyitems(items):
-    """The slowest file (inductor's compiles, minutes) first: under xdist it then runs beside
-    the others, not alone after them."""
-    items.sort(key=lambda item: item.path.name != "test_inductor.py")   # (a stable sort)
+    """The slowest files first (pytest.ini keeps xdist from reordering by test count): each
+    worker starts on one and the short ones fill in after, so none runs alone at the end."""
+    rank = {name: i for i, name in enumerate(SLOWEST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # (a stable sort)
 
 
 def pytest_configure(config):

@@ -49,9 +49,9 @@ def setting():
     return target, drafter, per_size
 
 
-@pytest.mark.parametrize("shapes", ["dynamic", "static"])
-@pytest.mark.parametrize("attn", ["sdpa", "flex"])
-def test_compiled_decoding_writes_eager_tokens(setting, attn, shapes):
+def compiled_writes_eager_tokens(setting, attn, shapes):
+    """Both models compiled for `attn` and `shapes`: every decoder's tokens are eager's.
+    (tests/test_inductor_flex.py runs flex: a file a worker, the two halves side by side.)"""
     target, drafter, per_size = setting
     torch._dynamo.reset()
     models = [copy.deepcopy(m) for m in (target, drafter)]
@@ -63,6 +63,11 @@ def test_compiled_decoding_writes_eager_tokens(setting, attn, shapes):
     for B, (rule, graph, eager) in per_size.items():
         for name, run in decoders(*models, rule, graph, 2 * B).items():
             assert [run(p) for p in PROMPTS[B]] == eager[name], f"{name}, B = {B}"
+
+
+@pytest.mark.parametrize("shapes", ["dynamic", "static"])
+def test_compiled_decoding_over_sdpa_writes_eager_tokens(setting, shapes):
+    compiled_writes_eager_tokens(setting, "sdpa", shapes)
 
 
 def test_a_compiled_mixture_of_experts_writes_eager_tokens():

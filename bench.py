@@ -6,7 +6,7 @@ compares it with `threshold`, the others with `plain`, one token a step):
   plain           the same with the commit fused into the next block's first forward
   threshold       the threshold rule (low_confidence_dynamic), fused commit
   simsd-paper     the paper's: gamma = B drafts, temporal-mask verifier, accept on agreement
-                  (simsd-temporal: sample.py's drafter, --verify temporal; both priced by its tables)
+                  (simsd-temporal: sample.py's drafter, --verify temporal, priced by its tables)
   simsd-exact     the same drafts verified exactly (block copies), the paper's acceptance
   simsd-gated     exact states, accepted only where the target is sure (keeps its answers)
   simsd-lossless  exact states, plain decoding's rule walked through them (must equal plain)
@@ -65,7 +65,7 @@ NAMES = ("sdar", "plain", "threshold", *SIMSD, *(f"{m}+threshold" for m in SIMSD
 METHODS = ("sdar", "plain", "threshold", "simsd-gated", "simsd-lossless+threshold", "spiffy+static",
            "spiffy+threshold")
 LOSSLESS = ("sdar", *(m for m in SIMSD if "lossless" in SIMSD[m].values()), "spiffy")   # exact: must equal plain
-ALIAS = {"simsd-lossless": "simsd", **{m: m.replace("-paper", "-temporal") for m in TEMPORAL}}   # a row's method -> its tables
+ALIAS = {"simsd-lossless": "simsd", **{m: m.replace("-paper", "-temporal") for m in TEMPORAL if m != "simsd-paper"}}   # a row's method -> its tables (the paper's drafter: none)
 SPECS = {"none": "threshold", "simsd": "simsd-lossless+threshold", "spiffy": "spiffy+threshold"}  # sample.py's
 ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "position order", dict(order="position")))
 TAGS = {"both": " compiled", "drafter": " (drafter compiled)"}   # --compile both / drafter: the extra rows' names end so
@@ -101,8 +101,8 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     if "cost" in simsd:   # the speed devices (fast.py): copies capped, their reach calibrated, sized;
         cost, scales = simsd.pop("cost"), simsd.pop("scales")   # SimSD's drafter only where it pays
         simsd |= dict(cut=fast.cutter(cost, rows_cap, B, None if base in TEMPORAL else scales(base, rule)), **dict(
-            draft=cli.drafter_gate(cost, drafter, scales.target, rule, **SIMSD[base])) if base in SIMSD else {})
-        if alone := (base in LOSSLESS or base in TEMPORAL) and cli.rule_alone(cost, scales.target, ALIAS.get(base, base), rule, drafter):
+            draft=cli.drafter_gate(cost, drafter, scales.target, rule, **SIMSD[base])) if base in ALIAS else {})
+        if alone := (base in LOSSLESS or base in ALIAS) and cli.rule_alone(cost, scales.target, ALIAS.get(base, base), rule, drafter):
             table["rule_alone"] = scales.note(alone)
     if base in ("sdar", "plain") or alone:   # t, d: the models, or serve.batch's stand-ins for them
         run = lambda ids, n, t=target, d=None: generate(t, ids, n, rule, fuse_commit=base != "sdar", generator=seeded())

@@ -56,7 +56,7 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     cost, cost_note = costs.cost_model(target, model, rule.block_size, cost_table, batch)
     rows = cli.max_rows(max_rows, device, compile, rule.block_size)
     method, temporal = reach.method_of(spec, reference, verifier), verifier == "temporal"
-    scale, reach_note = reach.find(target, method, rule)   # the cut's reach (the temporal path: none)
+    scale, reach_note = reach.find(target, method, rule)   # the cut's reach (the temporal path cuts nothing)
     drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype) if spec == "simsd" else None
     g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule) if spec == "spiffy" else None   # checked, used or not
     alone = spec != "none" and (temporal or acceptance in (None, "lossless")) and cli.rule_alone(cost, target, method, rule, drf)

@@ -62,9 +62,9 @@ CODE = ("model.py", "mask.py", "decode.py", "verify.py", "fast.py")   # what a m
 
 
 def code_hash():
-    """Short sha256 of what CODE runs, its syntax trees without docstrings (comments are not
-    in them): a table measured on other code is stale; one measured before a comment changed is
-    not."""
+    """Short sha256 of what CODE runs: its source rewritten from the syntax tree without
+    docstrings or comments (ast.unparse), so a table measured on other code is stale and one
+    measured before a comment or a docstring changed is not."""
     h = hashlib.sha256()
     for name in CODE:
         tree = ast.parse((ROOT / name).read_text())
@@ -73,7 +73,7 @@ def code_hash():
             if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
                     isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
                 node.body = body[1:] or [ast.Pass()]
-        h.update(name.encode() + b"\0" + ast.dump(tree).encode())
+        h.update(name.encode() + b"\0" + ast.unparse(tree).encode())
     return h.hexdigest()[:12]
 
 

@@ -37,7 +37,7 @@ def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=Non
     walked, "copies" verified: summed}; a temporal round's steps: its tokens over the rule's
     own tokens a step, decoding the same prompts alone; its copies: drafts / block_size)."""
     reach_by, walked_by, rounds = {}, {}, dict(rounds=0, steps=0, copies=0)
-    temporal, tokens, alone = method.endswith("-temporal"), [0, 0], [0, 0]   # (tokens, rounds)
+    temporal, tokens, alone = method.endswith("-temporal"), 0, [0, 0]   # alone: (tokens, rounds)
     for ids in prompts:
         if method == "spiffy":
             _, st = counting(spiffy_generate)(target, ids, max_new_tokens, rule, graph=graph, walk=fast.walk)
@@ -54,7 +54,7 @@ def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=Non
             n = sum(st["accept_hist"].values())
             rounds["rounds"] += n
             rounds["copies"] += st["drafts"] / rule.block_size
-            tokens = [tokens[0] + st["tokens"], tokens[1] + n]
+            tokens += st["tokens"]
             plain = generate(target, ids, max_new_tokens, rule)[1]
             prefill = len(ids) >= rule.block_size      # (a forward only for a whole block)
             alone = [alone[0] + plain["tokens"], alone[1] + plain["nfe"] - prefill]
@@ -63,7 +63,7 @@ def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=Non
         rounds["steps"] += sum(n * x for n, x in st["steps_per_forward"].items())
         rounds["copies"] += sum(n * x for n, x in st["nodes_per_forward"].items())
     if temporal:
-        rounds["steps"] = tokens[0] * alone[1] / alone[0]
+        rounds["steps"] = tokens * alone[1] / max(alone[0], 1)
     return reach_by, walked_by, rounds
 
 

@@ -37,7 +37,7 @@ def plot(bench_json, png):
     fig, (left, right, gpu) = plt.subplots(1, 3, figsize=(17, 4.2))
     left.plot(sizes, sizes, "k:", label="one block a forward (B tokens)")
     methods = list(dict.fromkeys(r["method"] for r in results))
-    colours = {m: plt.cm.tab10(i % 10) for i, m in enumerate(dict.fromkeys(m.split("(")[0] for m in methods))}
+    colours = {m: plt.cm.tab20(i % 20) for i, m in enumerate(dict.fromkeys(m.split("(")[0] for m in methods))}
     for method in methods:
         rows = sorted((r["block_size"], r) for r in results if r["method"] == method)
         bs, style = [b for b, _ in rows], dict(color=colours[method.split("(")[0]], label=method,

@@ -284,7 +284,7 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
             variants = {f"{m}(steps={k})": dict(draft_steps=k) for k in (1, 2, 3, 4, 6)}
         if base in SIMSD and base not in TEMPORAL and sweep == "lookahead":
             variants = {f"{m}(K={k})": dict(lookahead=k) for k in range(4)}
-        if base in (*SIMSD, "spiffy") and sweep in PAIRS:
+        if base in (*SIMSD, "spiffy") and sweep in PAIRS and base != "simsd-paper":   # (unpriced: one row)
             variants = {m: {}, f"{m}({PAIRS[sweep][0]})": PAIRS[sweep][1]}
         if base == "simsd-paper":
             variants |= {f"{m}({name})": setting for a, name, setting in ABLATIONS if a in ablate}

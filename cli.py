@@ -122,12 +122,12 @@ def drafter_gate(cost, drafter, target_dir, rule, verifier=None, acceptance=None
 def rule_alone(cost, target_dir, method, rule, drafter=None):
     """None, or why `method` (measure/reach.METHODS) runs as the rule alone at this block size on
     this device: its rounds would pay in none (fast.pays on the reach table's means a round),
-    even proposing at its cheapest (SimSD: one drafter step of `drafter`'s at the table's
-    price; the others: free)."""
+    even proposing at its cheapest (with a drafter: one step of its at the table's price;
+    without: free)."""
     per_round = None if cost is None else reach.per_round(target_dir, method, rule)
     if per_round is None:
         return None
-    d = (method in ("simsd", "simsd-temporal") and costs.drafting(cost, drafter)) or dict(step_s=[0.0])
+    d = costs.drafting(cost, drafter) or dict(step_s=[0.0])
     if fast.pays(cost, per_round, min(d["step_s"]) + d.get("round_s", 0.0)):
         return None
     batch = f" in a batch of {cost.batch}" if getattr(cost, "batch", 1) > 1 else ""

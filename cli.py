@@ -162,7 +162,7 @@ def compile_models(target, drafter, how, attention=None):
     """Both models attend with `attention` (None: as they are; ATTENTIONS), eager and compiled.
     --compile `how` for both models (drafter None: none), or "drafter": the drafter alone,
     "auto" (on a CPU its forward then costs about a fifth of the eager target's, against
-    about a third eager: docs/results.md, "The drafter compiled alone")."""
+    about a third eager: docs/history.md, "The drafter compiled alone")."""
     set_attention(attention, target, drafter)
     if how == "drafter":
         if drafter is None:

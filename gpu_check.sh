@@ -11,9 +11,12 @@
 #             1,024 cached rows, one host sync, the floor; then the 1.7B drafter's shape if the
 #             box has time (tools/gpu_costs.py; JSON per shape);
 #   profile   the 8B 4-row forward by op (compiled without CUDA graphs, whose replay hides kernels);
+#   batch     many prompts together with static shapes (serve/batch.py's buckets: one attention
+#             call a forward, CUDA graphs): sample.py --prompts-file --batch 4 --compile static in
+#             fp32, whose warm-up fails unless batched compiled == batched eager;
 #   bench     the embedded pair in bf16, the main methods eager and compiled, one interleaved run;
 #   summary   the files read back: "= eager" in fp32 and bf16 next to eager's own bf16-vs-fp32
-#             agreement, the costs, the profile's top ops.
+#             agreement, the costs, the profile's top ops, the batch's totals.
 # Dropped for time (each has run past its box before): the eager speed of light, the round costs
 # and tests/test_cuda.py (run them by hand). Each phase has a time box, so a slow compile costs
 # its own figures only, and writes its files as it goes: a later time-out keeps them. Figures go
@@ -39,7 +42,7 @@ for arg in "$@"; do
         *) die "unknown flag $arg (gpu_check.sh takes only --dry-run)" ;;
     esac
 done
-BOXES=(lockstep:90 exact:90 costs:110 profile:35 bench:85 summary:10)   # seconds, 420 at most
+BOXES=(lockstep:85 exact:85 costs:100 profile:30 batch:55 bench:55 summary:10)   # seconds, 420 at most
 total=0 names=()
 for b in "${BOXES[@]}"; do total=$(( total + ${b#*:} )) names+=("${b%%:*}"); done
 [ $total -le 420 ] || die "the phases' time boxes add up to $total s, over 420"
@@ -66,13 +69,15 @@ if [ $dry = 1 ]; then   # the flow, flags and parsing, not the figures: no GPU, 
     dev=(--device cpu) boxed=0 exact=(--prompts 1 --max-new-tokens 8) bench=(--prompts 1 --max-new-tokens 8) sizes=4
     lockstep=(--configs eager-flex --block-size 4)   # flex needs torch.compile (on)
     costs=(--shapes $shape --rows 4,16 --cache-len 64 --iters 2 --dtype float32)
+    many=(--max-new-tokens 8) n_many=2
     profile=(--shapes $shape --rows 4 --cache-len 64 --iters 2 --dtype float32)
 else
     "$py" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
         || die "torch $("$py" -c 'import torch; print(torch.__version__)') sees no GPU (on a CPU: --dry-run)"
     dev=(--device cuda) boxed=1 exact=(--prompts 4) bench=(--prompts 8) sizes=4,32
-    lockstep=(--budget 75)
-    costs=(--shapes sdar-8b,sdar-1.7b --budget 60) profile=(--shapes sdar-8b --rows 4 --iters 10)
+    lockstep=(--budget 70)
+    costs=(--shapes sdar-8b,sdar-1.7b --budget 50) profile=(--shapes sdar-8b --rows 4 --iters 10)
+    many=(--max-new-tokens 32) n_many=8
     export TORCH_LOGS=${TORCH_LOGS-recompiles,perf_hints}   # perf_hints: why a CUDA graph was skipped
 fi
 box() { for b in "${BOXES[@]}"; do [ "${b%%:*}" = "$1" ] && echo "${b#*:}"; done; }
@@ -96,6 +101,11 @@ phase exact - "$py" bench.py "${dev[@]}" --dtype float32 --compile both --block-
     --methods $methods "${attn[@]}" --out "$out/gpu_exact_fp32.json"
 phase costs - "$py" -u tools/gpu_costs.py "${dev[@]}" "${costs[@]}" "${attn[@]}" --out "$out"
 phase profile - "$py" tools/gpu_costs.py --profile "${dev[@]}" "${profile[@]}" "${attn[@]}" --out "$out"
+[[ $wanted != *,batch,* ]] || "$py" -c "import json, sys; from training.tasks import problems
+for p in problems(int(sys.argv[1]), 'test'): print(json.dumps(dict(question=f\"Question: {p['question']}\\nAnswer:\")))" \
+    $n_many >"$out/prompts.jsonl" || die "could not write $out/prompts.jsonl"
+phase batch "$out/gpu_batch.jsonl" "$py" sample.py "${dev[@]}" --dtype float32 --compile static --spec simsd \
+    --prompts-file "$out/prompts.jsonl" --batch 4 "${many[@]}" "${attn[@]}" --json
 phase bench - "$py" bench.py "${dev[@]}" --dtype bfloat16 --compile both --block-size $sizes "${bench[@]}" \
     --methods $methods "${attn[@]}" --out "$out/gpu_bench.json"
 phase summary - "$py" - "$out" <<'EOF'
@@ -126,6 +136,8 @@ for path in sorted(out.glob("costs_*.json")):
     print(f"costs {c['shape']} ({c['device']}, torch {c['torch']}, triton {c['triton']}, {c['dtype']}, "
           f"{c['date']}): floor {1e3 * c['floor_s']:.3f} ms, one sync {1e6 * c['sync_s']:.1f} us; "
           + ", ".join(f"{r['rows']} rows {1e3 * r['seconds']:.3f} ms ({r['x_floor']:.2f}x)" for r in c["rows"]))
+many = out / "gpu_batch.jsonl"
+print("batch:", many.read_text().splitlines()[-1] if many.is_file() and many.stat().st_size else "no file")
 for path in sorted(out.glob("profile_*.txt")):
     print(*path.read_text().splitlines()[:12], sep="\n")
 lockstep = out / "gpu_lockstep.txt"

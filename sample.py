@@ -177,9 +177,6 @@ def many(run, prompts, tok, models, batch, seed, max_new_tokens, compile, as_jso
     def decode(n, prompts=prompts):
         return batch_decode(lambda i, ids, t, d: run(ids, n, t, d, generator=torch.Generator(
             device=device).manual_seed(seed + i), **kw), prompts, models, batch)
-    if compile and "forward" in vars(models[0]):   # compile_static's: a batch's forward goes around it
-        cli.warn("note: --prompts-file runs static shapes' models eager (no batch buckets yet); "
-                 "on a GPU give --compile dynamic")
     if compile:   # batched compiled == batched eager on the first `batch` prompts, then timing
         cli.check_compiled(lambda: [x for out, _ in decode(max_new_tokens, prompts[:batch])[0] for x in out], *models)
     else:

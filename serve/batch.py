@@ -10,7 +10,10 @@ That forward packs the requests' query rows into one sequence (no padding). Each
 a slot of the model's KV cache, rows [slot x L, (slot + 1) x L); its queries are written at
 its own cursor and see only its own slot, through its own mask, so a row's logits are the ones
 its solo forward computes: on this CPU bit for bit (rows_keep_their_bits; tests/test_batch.py).
+With static shapes (CUDA graphs) a forward is instead ONE attention call over the whole cache,
+padded to a bucket (Pool.bucketed): the logits to rounding, not to the bit.
 """
+import functools
 import threading
 from collections import Counter, namedtuple
 
@@ -18,6 +21,7 @@ import torch
 
 import mask as masks
 from decode import to_device
+from fast import many_graphs
 
 # A parked forward, as decode.Session makes it: the request's Slot, its (T,) token ids and
 # positions, its cache cursor, its mask_mod, and which logits it keeps (model.forward's keep, rows)
@@ -44,34 +48,58 @@ class Slot:
         return self.request.park(Call(self, idx[0], pos, start, mask, keep, rows))
 
 
+@functools.cache
+def static_trunk(cls, cuda):
+    """The trunk of bucketed forwards, compiled as fast.compile_static compiles (CUDA graphs on
+    CUDA): once a process, so that every batch finds the graphs already built."""
+    options = dict(mode="reduce-overhead") if cuda else {}
+    return many_graphs(torch.compile(cls.trunk, dynamic=False, **options))
+
+
 class Pool:
     """One model's cache as n slots of `slot_len` rows each (a power of two), grown on demand;
-    the forwards it ran, by their packed query rows."""
+    the forwards it ran, by their packed query rows. A model with static shapes (fast.py's
+    compile_static installed its forward) runs a batch's forwards bucketed (`bucketed`)."""
 
     def __init__(self, model, n):
         self.model, self.n, self.slot_len = model, n, 0
         self.forwards, self.query_rows = 0, Counter()
+        self.buckets = Counter()   # bucketed's forwards, by rows padded
+        static = "forward" in vars(model)
+        self.trunk = static_trunk(type(model), model.embed.weight.is_cuda) if static else None
 
     def slot_bytes(self):
         """A slot's KV cache: rows x layers x (k, v) x KV heads x head size x the dtype's bytes."""
         return self.slot_len * self.model.kv[..., :1, :].nbytes
 
-    def reserve(self, max_len):
-        """Room for max_len rows a slot: a bigger cache, every slot's rows copied over."""
-        L = max(256, 1 << (max_len - 1).bit_length())
-        if L <= self.slot_len:
+    def reserve(self, max_len, spare=0):
+        """Room for max_len rows a slot and `spare` rows past the slots (static shapes' padding
+        rows): a bigger cache, every slot's rows copied over."""
+        L = max(self.slot_len, 256, 1 << (max_len - 1).bit_length())
+        if L == self.slot_len and self.model.kv.shape[-2] >= self.n * L + spare:
             return
         old, was = self.model.kv, self.slot_len
         self.model.kv = None
-        self.model.setup_cache(self.n * L)
+        self.model.setup_cache(self.n * L + spare)
         for i in range(self.n if was else 0):
             self.model.kv[..., i * L:i * L + was, :] = old[..., i * was:(i + 1) * was, :]
         self.slot_len = L
 
     @torch.no_grad()
     def forward(self, calls):
-        """ONE forward of the Calls' queries, packed -> each call's logits, as model.forward
-        gives them: attention and the head run per request, the shapes of its solo forward."""
+        """ONE forward of the Calls' queries -> each call's logits, as model.forward gives them.
+        With static shapes, a prompt's prefill (any length: start 0) runs packed, eager, as
+        fast.static_shapes runs it alone: a step is then two forwards."""
+        if self.trunk is None or all(c.start == 0 for c in calls):
+            return self.packed(calls)
+        first, rest = [c for c in calls if c.start == 0], [c for c in calls if c.start]
+        out = dict(zip(map(id, first), self.packed(first) if first else ()))
+        out |= zip(map(id, rest), self.bucketed(rest))
+        return [out[id(c)] for c in calls]
+
+    def packed(self, calls):
+        """The Calls' queries packed (no padding): attention and the head run per request, the
+        shapes of its solo forward (so, on this CPU, its bits)."""
         model, L, device = self.model, self.slot_len, self.model.embed.weight.device
         build = masks.block_mask if model.attn_impl == "flex" else masks.dense_mask
         parts, written, at = [], [], 0
@@ -83,13 +111,49 @@ class Pool:
             at += T
         x = model.trunk(torch.cat([c.idx for c in calls])[None], torch.cat([c.pos for c in calls]),
                         to_device(written, device), parts)
+        return self.heads(calls, x, at)
+
+    def bucketed(self, calls):
+        """Static shapes: ONE trunk call, ONE attention call a layer, for every request. The
+        packed queries are padded to `size` rows (a power of two: the bucket), the keys are the
+        whole cache, and which query sees which key is evaluated here into a (size, keys + 1)
+        table: each request's own mask over its own slot (block-diagonal by request); a padding
+        query writes a row past the slots and sees only it. One graph a bucket, whatever the mix
+        of requests and masks. Not a request's solo call: on a GPU, an agreement rate."""
+        model, L, device = self.model, self.slot_len, self.model.embed.weight.device
+        R = sum(len(c.idx) for c in calls)
+        size = max(4, 1 << (R - 1).bit_length())
+        self.reserve(L, spare=size - R)
+        self.buckets[size] += 1
+        K = model.kv.shape[-2]
+        seen = torch.zeros(size, K + 1, dtype=torch.bool, device=device)   # column K: never seen
+        written, at = [], 0
+        for c in calls:
+            T, base = len(c.idx), c.slot.index * L
+            keys = c.start + T   # its solo forward's: its slot's rows [0, start + T)
+            seen[at:at + T, base:base + keys] = masks.dense_mask(c.mask, T, keys, device)
+            written += range(base + c.start, base + c.start + T)
+            at += T
+        written += range(self.n * L, self.n * L + size - R)       # the padding rows' own keys
+        written = to_device(written, device)
+        seen[torch.arange(R, size, device=device), written[R:]] = True
+
+        def visible(b, h, q_idx, kv_idx):   # one lookup (docs/torch_bugs/flex_cpu_vecmask_mix.py)
+            return seen[q_idx.clamp(0, size - 1), kv_idx.clamp(0, K)]
+        pad = lambda x: torch.nn.functional.pad(x, (0, size - R))
+        x = self.trunk(model, pad(torch.cat([c.idx for c in calls]))[None],
+                       pad(torch.cat([c.pos for c in calls])), written, visible)
+        return self.heads(calls, x, R)
+
+    def heads(self, calls, x, rows):
+        """Each request's kept rows of the trunk's output x through the head, on its own."""
         self.forwards += 1
-        self.query_rows[at] += 1
-        out = []
-        for c, (queries, *_) in zip(calls, parts):
-            end = queries.stop
+        self.query_rows[rows] += 1
+        out, end = [], 0
+        for c in calls:
+            end += len(c.idx)
             xi = x[:, end - (len(c.idx) if c.keep is None else c.keep):end]
-            out.append(model.head(xi if c.rows is None else xi[:, c.rows]))
+            out.append(self.model.head(xi if c.rows is None else xi[:, c.rows]))
         return out
 
 

@@ -8,6 +8,7 @@ vacuously. Below that, the property it rests on: a row's logits in a packed forw
 solo forward's, bit for bit on the CPU, and a planted row-dependent perturbation is caught."""
 import json
 import random
+from collections import Counter
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ import sample
 from cli import DEFAULT_TARGET
 from conftest import make_model
 from decode import Session, packed_rows
+import fast
+import serve.batch
 from serve.batch import decode_all, rows_keep_their_bits
 from loading.checkpoint import PRESETS
 
@@ -153,3 +156,61 @@ def test_sample_prompts_file_equals_each_prompt_alone(tmp_path, capsys):
         out, _ = sample.main(spec="simsd", prompt=q, seed=5 + i, max_new_tokens=12, as_json=True)
         assert lines[i]["token_ids"] == out
     capsys.readouterr()
+
+
+@pytest.fixture
+def static(monkeypatch):
+    """static(*models): until undone (-> undo) or the test ends, static shapes as
+    fast.compile_static installs them, uncompiled (as gpu_check.sh's dry run runs them): a
+    batch's forwards are bucketed (Pool.bucketed)."""
+    monkeypatch.setattr(serve.batch, "static_trunk", lambda cls, cuda: cls.trunk)
+    installed = []
+
+    def install(*models):
+        models = [m for m in models if m is not None]
+        for m in models:
+            fast.static_shapes(m, type(m).trunk)
+        installed.extend(models)
+        return lambda: [fast.eager_again(m) for m in models]
+    yield install
+    for m in installed:
+        fast.eager_again(m)
+
+
+def test_static_shapes_one_attention_call_sees_what_each_request_sees_alone(static):
+    """Pool.bucketed: ONE attention call over the whole pool, the rows padded to a power of two.
+    A request's logits are its solo forward's to rounding, not bit for bit (its attention runs
+    over every slot's keys, masked), on the embedded target and a mixture of experts: a query
+    that saw another request's keys, or a padding row's, would be off by far more."""
+    rng = random.Random(4)
+    tok, run, _ = prepared("none", 4, 0.0, {})
+    moe = make_model(**{**PRESETS["tiny-moe"], "n_layer": 2}, seed=3)
+    for model, ps in ((pools_of(run)[0], [p for p in prompts(rng, tok, 9) if len(p) >= 4][:5]),
+                      (moe, [[rng.randrange(4, 97) for _ in range(rng.randint(5, 30))] for _ in range(5)])):
+        alone = [logits_of(model, [p])[0] for p in ps]
+        undo = static(model)
+        together, (pool,) = decode_all(lambda i, p, t: logits_of(t, [p])[0], ps, (model,), len(ps))
+        undo()
+        assert pool.buckets == {32: 1}   # 5 open blocks of 4 rows: one call (prefills: packed)
+        for a, b in zip(alone, together):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["simsd", "simsd-temporal", "spiffy"])
+def test_static_shapes_batched_equals_alone(name, static):
+    """Decoders through the bucketed forwards (the target's and the drafter's) write what each
+    prompt writes alone on these cases, greedy and sampled: the rounding above moved no token."""
+    spec, flags = DECODERS[name]
+    rng, buckets = random.Random(f"static-{name}"), Counter()
+    for B, temperature in [(4, 0.0), (8, 0.8)]:
+        tok, run, kw = prepared(spec, B, temperature, flags)
+        ps, n = prompts(rng, tok, 3), rng.randint(8, 16)
+        seeded = lambda i: torch.Generator().manual_seed(i)
+        alone = [run(p, n, generator=seeded(i), **kw) for i, p in enumerate(ps)]
+        undo = static(*pools_of(run))
+        together, pools = decode_all(lambda i, p, t, d: run(p, n, t, d, generator=seeded(i), **kw),
+                                     ps, pools_of(run), 2)
+        undo()
+        assert [a for a, _ in alone] == [b for b, _ in together], f"{name} B={B} T={temperature}"
+        buckets += pools[0].buckets
+    assert len(buckets) > 1, buckets   # more than one bucket of rows

@@ -3,7 +3,7 @@ same order, on the CPU (fp32, one prompt, the tiny-moe preset, torch.compile dis
 flow, flags and the summary it reads back from its own JSON files are tested here. The dry run
 has no time boxes (on a busy machine its phases take what they take); the time box itself is
 tested on a phase made to overrun. The subprocess timeout only stops a hung run: the dry run
-takes 35 s alone and about 90 s beside a two-core CPU hog. PHASES=a,b runs the named phases only."""
+takes 45 s alone and about 2 minutes beside a two-core CPU hog. PHASES=a,b runs the named phases only."""
 import json
 import os
 import subprocess
@@ -11,7 +11,7 @@ import sys
 
 from conftest import ROOT
 
-PHASES = ["lockstep", "exact", "costs", "profile", "bench", "summary"]
+PHASES = ["lockstep", "exact", "costs", "profile", "batch", "bench", "summary"]
 
 
 def gpu_check(*flags, **env):
@@ -26,7 +26,7 @@ def test_the_dry_run_goes_through_every_phase_and_summarises_its_files(tmp_path)
             if line.startswith("=== ") and ": exit 0 after" in line]
     assert done == PHASES
     assert run.stdout.rstrip().endswith("gpu_check: every phase passed")
-    for name in ("gpu_exact_fp32.json", "gpu_bench.json", "costs_tiny-moe.json", "profile_tiny-moe.txt"):
+    for name in ("gpu_exact_fp32.json", "gpu_bench.json", "costs_tiny-moe.json", "profile_tiny-moe.txt", "gpu_batch.jsonl"):
         assert (tmp_path / name).stat().st_size > 0
     summary = run.stdout.split("=== summary (")[1]
     assert "B=4  spiffy+threshold " in summary and "1.00x threshold" in summary   # rows read back
@@ -37,6 +37,8 @@ def test_the_dry_run_goes_through_every_phase_and_summarises_its_files(tmp_path)
     costs = json.loads((tmp_path / "costs_tiny-moe.json").read_text())
     assert [r["rows"] for r in costs["rows"]] == [4, 16] and costs["sync_s"] > 0
     assert {"cache_len", "dtype", "device", "torch", "floor_s"} <= set(costs)
+    many = json.loads(summary.split("batch: ")[1].splitlines()[0])   # static shapes' buckets, 2 prompts
+    assert (many["prompts"], many["tokens"]) == (2, 16) and many["target_forwards"] > 0
     assert "costs tiny-moe (cpu, torch " in summary and "tiny-moe, 4 rows, cache 64" in summary   # profile
     lockstep = (tmp_path / "gpu_lockstep.txt").read_text()
     assert "eager-flex: " in lockstep and " 0 differ" in lockstep
@@ -53,7 +55,7 @@ def test_a_failed_phase_is_named_and_fails_the_check(tmp_path):
     assert run.returncode == 1
     assert [line.split()[1].rstrip(":") for line in run.stdout.splitlines()
             if line.startswith("=== ") and ": exit 7 after" in line] == PHASES
-    assert run.stdout.rstrip().endswith("gpu_check: 6 phase(s) failed: " + " ".join(f"{p} (exit 7)" for p in PHASES))
+    assert run.stdout.rstrip().endswith("gpu_check: 7 phase(s) failed: " + " ".join(f"{p} (exit 7)" for p in PHASES))
 
 
 def test_a_phase_past_its_time_box_is_stopped_and_named(tmp_path):
@@ -64,7 +66,7 @@ def test_a_phase_past_its_time_box_is_stopped_and_named(tmp_path):
     sleepy.chmod(0o755)
     run = gpu_check("--dry-run", OUT=str(tmp_path), PYTHON=str(sleepy), PHASE_LIMIT="1")
     assert run.returncode == 1 and "=== lockstep (at most 1 s)" in run.stdout
-    assert run.stdout.rstrip().endswith("gpu_check: 6 phase(s) failed: " + " ".join(
+    assert run.stdout.rstrip().endswith("gpu_check: 7 phase(s) failed: " + " ".join(
         f"{p} (exit 124, timed out)" for p in PHASES))
 
 

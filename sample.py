@@ -191,7 +191,7 @@ def many(run, prompts, tok, models, batch, seed, max_new_tokens, compile, as_jso
     fwd, rows = pools[0].forwards, sum(T * n for T, n in pools[0].query_rows.items())
     total = dict(prompts=len(prompts), batch=batch, tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds,
                  target_forwards=fwd, target_rows_per_forward=rows / fwd, load_s=load_s,
-                 drafter_forwards=pools[1].forwards if pools[1] else 0)
+                 drafter_forwards=pools[1].forwards if pools[1] else 0, buckets=dict(pools[0].buckets))
     print(json.dumps(total) if as_json else f"--- {len(prompts)} prompts, {tokens} tokens in {seconds:.2f} s "
           f"({tokens / seconds:.1f} tok/s in all; loading and warm-up {load_s:.1f} s more), batch {batch}: {fwd} "
           f"target forwards ({tokens / fwd:.2f} tokens, {rows / fwd:.1f} query rows a forward)")

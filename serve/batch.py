@@ -51,15 +51,16 @@ class Slot:
 @functools.cache
 def static_trunk(cls, cuda):
     """The trunk of bucketed forwards, compiled as fast.compile_static compiles (CUDA graphs on
-    CUDA): once a process, so that every batch finds the graphs already built."""
+    CUDA): once a process, so that every batch finds the graphs already built. A graph a bucket
+    and cache length (a cache grows by powers of two), so more than a solo run's: up to 256."""
     options = dict(mode="reduce-overhead") if cuda else {}
-    return many_graphs(torch.compile(cls.trunk, dynamic=False, **options))
+    return many_graphs(torch.compile(cls.trunk, dynamic=False, **options), 256)
 
 
 class Pool:
     """One model's cache as n slots of `slot_len` rows each (a power of two), grown on demand;
-    the forwards it ran, by their packed query rows. A model with static shapes (fast.py's
-    compile_static installed its forward) runs a batch's forwards bucketed (`bucketed`)."""
+    the forwards it ran, by their query rows (packed; bucketed ones padded). A model with static
+    shapes (fast.py's compile_static installed its forward) runs a batch's forwards bucketed."""
 
     def __init__(self, model, n):
         self.model, self.n, self.slot_len = model, n, 0
@@ -74,12 +75,14 @@ class Pool:
 
     def reserve(self, max_len, spare=0):
         """Room for max_len rows a slot and `spare` rows past the slots (static shapes' padding
-        rows): a bigger cache, every slot's rows copied over."""
+        rows): a bigger cache, every slot's rows copied over. The first keeps the model's cache
+        if it has room (its tensor, and so a CUDA graph's address, as another batch left it)."""
         L = max(self.slot_len, 256, 1 << (max_len - 1).bit_length())
         if L == self.slot_len and self.model.kv.shape[-2] >= self.n * L + spare:
             return
         old, was = self.model.kv, self.slot_len
-        self.model.kv = None
+        if was:   # (else the cache holds no slot yet: kept if it has room)
+            self.model.kv = None
         self.model.setup_cache(self.n * L + spare)
         for i in range(self.n if was else 0):
             self.model.kv[..., i * L:i * L + was, :] = old[..., i * was:(i + 1) * was, :]
@@ -143,7 +146,7 @@ class Pool:
         pad = lambda x: torch.nn.functional.pad(x, (0, size - R))
         x = self.trunk(model, pad(torch.cat([c.idx for c in calls]))[None],
                        pad(torch.cat([c.pos for c in calls])), written, visible)
-        return self.heads(calls, x, R)
+        return self.heads(calls, x, size)
 
     def heads(self, calls, x, rows):
         """Each request's kept rows of the trunk's output x through the head, on its own."""

@@ -38,7 +38,7 @@ def test_the_dry_run_goes_through_every_phase_and_summarises_its_files(tmp_path)
     assert [r["rows"] for r in costs["rows"]] == [4, 16] and costs["sync_s"] > 0
     assert {"cache_len", "dtype", "device", "torch", "floor_s"} <= set(costs)
     many = json.loads(summary.split("batch: ")[1].splitlines()[0])   # static shapes' buckets, 2 prompts
-    assert (many["prompts"], many["tokens"]) == (2, 16) and many["target_forwards"] > 0
+    assert (many["prompts"], many["tokens"]) == (2, 16) and many["target_forwards"] > 0 and many["buckets"]
     assert "costs tiny-moe (cpu, torch " in summary and "tiny-moe, 4 rows, cache 64" in summary   # profile
     lockstep = (tmp_path / "gpu_lockstep.txt").read_text()
     assert "eager-flex: " in lockstep and " 0 differ" in lockstep

@@ -60,7 +60,10 @@ def prepare(spec, target, drafter, block_size, threshold, strategy, device, dtyp
     drf = cli.simsd_drafter(target, drafter, reference, model, tok, rule.block_size, device, dtype) if spec == "simsd" else None
     g = graphs.load_graph(graph or graphs.graph_path(target, rule), rule) if spec == "spiffy" else None   # checked, used or not
     alone = spec != "none" and (temporal or acceptance in (None, "lossless")) and cli.rule_alone(cost, target, method, rule, drf)
-    cost_note = f"{'drafting priced' if temporal else 'copies sized'} by {cost_note.replace('every copy verified', 'every round drafts') if temporal else cost_note}{f'; at most {rows} rows a forward' if rows else ''}; {alone or reach_note}"
+    if temporal:   # (the temporal path prices its drafting; it cuts no copies)
+        cost_note = cost_note.replace("every copy verified", "every round drafts")
+    cost_note = f"{'drafting priced' if temporal else 'copies sized'} by {cost_note}" + \
+        (f"; at most {rows} rows a forward" if rows else "") + f"; {alone or reach_note}"
     # run(ids, n, **kw) decodes with `model` and `drf`, or the stand-ins serve.batch gives (t, d)
     if spec == "none" or alone:
         drf, run = None, lambda ids, n, t=model, d=None, rule=rule, generator=None, on_block=None, **_: generate(

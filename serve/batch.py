@@ -4,7 +4,8 @@ The decoders stay the single-request reference: each request runs the unchanged 
 thread of its own, given `Slot`s, stand-ins for the models. A Slot's forward does not run: it
 parks the request and hands the forward to `decode_all`, which lets one request run at a time
 (a thread here is a stack that waits, never a second worker) until every live one is parked,
-then runs ONE forward of each model for all the requests waiting on it, and resumes them.
+then runs ONE forward of each model for all the requests waiting on it, and resumes them. A
+batch of one needs no thread: its forwards run at once, in the caller's.
 
 That forward packs the requests' query rows into one sequence (no padding). Each request owns
 a slot of the model's KV cache, rows [slot x L, (slot + 1) x L); its queries are written at
@@ -44,8 +45,9 @@ class Slot:
         L = self.pool.slot_len
         return self.model.kv[..., self.index * L:(self.index + 1) * L, :]
 
-    def __call__(self, idx, pos, start, mask, keep=None, rows=None):
-        return self.request.park(Call(self, idx[0], pos, start, mask, keep, rows))
+    def __call__(self, idx, pos, start, mask, keep=None, rows=None):   # (no request: a batch of one)
+        call = Call(self, idx[0], pos, start, mask, keep, rows)
+        return self.pool.forward([call])[0] if self.request is None else self.request.park(call)
 
 
 @functools.cache
@@ -180,17 +182,19 @@ class Request:
 
     def __init__(self, index, decode):
         self.index, self.done, self.result, self.error, self.call = index, False, None, None, None
-        self.reply = None
+        self.reply, self.threads = None, torch.get_num_threads()
         self._go, self._parked = threading.Semaphore(0), threading.Semaphore(0)
         self.thread = threading.Thread(target=self._run, args=(decode,), daemon=True)
         self.thread.start()
 
-    def _run(self, decode):
+    def _run(self, decode):   # its own ops on one torch thread: a team of more would spin on the
+        torch.set_num_threads(1)   # cores the forward needs (experiments/batch_threads.py)
         self._go.acquire()
         try:
             self.result = decode(self)
         except BaseException as e:  # noqa: B036  re-raised by decode_all, in its thread
             self.error = e
+        torch.set_num_threads(self.threads)
         self.done, self.call = True, None
         self._parked.release()
 
@@ -227,6 +231,9 @@ def decode_all(decode, prompts, models, n_slots):
         raise ValueError(f"--batch must be >= 1, got {n_slots}")
     n_slots = min(n_slots, len(prompts))
     pools = [m and Pool(m, n_slots) for m in models]
+    if n_slots == 1:   # nothing to share a forward with: each prompt decoded here, its forwards run at once
+        slots = [pool and Slot(m, pool, 0, None) for m, pool in zip(models, pools)]
+        return [decode(i, prompt, *slots) for i, prompt in enumerate(prompts)], pools
     todo, results, live, calls = iter(enumerate(prompts)), [None] * len(prompts), {}, {}
 
     def fill(s):   # the next prompt, if any, into slot s

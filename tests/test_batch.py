@@ -8,6 +8,7 @@ vacuously. Below that, the property it rests on: a row's logits in a packed forw
 solo forward's, bit for bit on the CPU, and a planted row-dependent perturbation is caught."""
 import json
 import random
+import threading
 from collections import Counter
 
 import pytest
@@ -102,6 +103,24 @@ def test_counts_repeat_exactly():
     assert [x for x, _ in a] == [x for x, _ in b]
     assert [(p.forwards, p.query_rows) for p in pa] == [(p.forwards, p.query_rows) for p in pb]
     assert pa[0].forwards < sum(s["nfe"] for _, s in a)      # forwards were shared
+
+
+def test_requests_run_on_one_torch_thread_and_a_batch_of_one_in_the_callers():
+    """A request's own ops run on one torch thread (a team of more would spin on the cores the
+    batch's forward needs: experiments/batch_threads.py), torch's count is as found after, and
+    a batch of one runs in the caller's thread, on the caller's count."""
+    torch.set_num_threads(2)
+    try:
+        seen = lambda i, p: (threading.current_thread(), torch.get_num_threads())
+        (a, b), _ = decode_all(seen, [0, 1], (), 2)
+        assert a[1] == b[1] == 1 and a[0] is not threading.current_thread()
+        assert decode_all(seen, [0], (), 1)[0] == [(threading.current_thread(), 2)]
+        later = []
+        t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        t.start(), t.join()
+        assert later == [2]
+    finally:
+        torch.set_num_threads(1)
 
 
 def logits_of(model, ps, B=4):

@@ -1,8 +1,9 @@
-"""Where decode time goes, per method (docs/results.md, "Where decode time goes"): each part's
-own time (exclusive: a part's time excludes the parts it calls), summed over held-out problems,
-as shares of the decode time; methods interleaved prompt by prompt, the first pass a warm-up,
-the shipped cost tables (2 threads, as bench.py runs). Each part is timed by wrapping the
-function that does it, here only: the decoders themselves time nothing.
+"""Where decode time goes, per method (docs/history.md, "Where decode time goes, by part
+(docs/results.md until 2026-12-07, AMD EPYC)"): each part's own time (exclusive: a part's
+time excludes the parts it calls), summed over held-out problems, as shares of the decode
+time; methods interleaved prompt by prompt, the first pass a warm-up, the shipped cost tables
+(2 threads, as bench.py runs). Each part is timed by wrapping the function that does it, here
+only: the decoders themselves time nothing.
 
   target forwards   decode.Session.forward on the target (prefill, rounds, commits)
   drafter forwards  the same on the drafter

@@ -73,7 +73,7 @@ class Pool:
 
     def slot_bytes(self):
         """A slot's KV cache: rows x layers x (k, v) x KV heads x head size x the dtype's bytes."""
-        return self.slot_len * self.model.kv[..., :1, :].nbytes
+        return self.slot_len and self.slot_len * self.model.kv[..., :1, :].nbytes   # (none reserved: 0)
 
     def reserve(self, max_len, spare=0):
         """Room for max_len rows a slot and `spare` rows past the slots (static shapes' padding

@@ -123,6 +123,11 @@ def test_requests_run_on_one_torch_thread_and_a_batch_of_one_in_the_callers():
         torch.set_num_threads(1)
 
 
+def test_a_model_no_request_used_holds_no_cache():
+    """A drafter no request ran (SimSD running the rule alone) reserved no slot: 0 bytes."""
+    assert serve.batch.Pool(make_model(**PRESETS["tiny"]), 4).slot_bytes() == 0
+
+
 def logits_of(model, ps, B=4):
     """Each prompt's logits at a prefill and at its first open block, as Session computes them."""
     mask_id, out = model.config.mask_token_id, []

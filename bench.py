@@ -151,8 +151,8 @@ def measure(plan, tasks, max_new_tokens, tok, repeats, device, compiled):
 
 def by_batch(plans, batches, tasks, max_new_tokens, repeats, device, exact):
     """--batch: each row's method decodes all the tasks N at a time (serve/batch.py; plans[N]: priced for N), methods
-    interleaved; tokens/s (tail included) the median of repeats, x threshold at N and x its own N = 1 the median of
-    each pass's ratio; each output against N = 1's (fp32: a change fails)."""
+    interleaved; tokens/s (tail included) the median of repeats; x threshold at N (same pass) and x its own N = 1
+    (same round of passes) the median of the passes' ratios; each output against N = 1's (fp32: a change fails)."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     prompts, walls, first = [ids for ids, _ in tasks], defaultdict(list), {}
     go = lambda run, n, N, ps=prompts: batch_decode(lambda i, p, t, d: run(p, n, t, d), ps, run.models, N)
@@ -176,19 +176,19 @@ def batch_rows(first, walls, batches, exact):
     for ((name, B), N), (results, (tgt, drf), syncs) in sorted(first.items(), key=lambda x: (x[0][1], x[0][0][1])):
         tokens, outs = sum(len(o) for o, _ in results), [o for o, _ in results]
         same = [a == b for a, b in zip(outs, [o for o, _ in first[(name, B), 1][0]])]
-        rows.append(dict(method=name, block_size=B, batch=N, tokens=tokens, wall_s=walls[(name, B), N], tokens_per_s=tokens /
+        rows.append(dict(method=name, block_size=B, batch=N, tokens=tokens, pass_wall_s=walls[(name, B), N], tokens_per_s=tokens /
             statistics.median(walls[(name, B), N]), target_fwd_per_token=tgt.forwards / tokens, same_as_batch_1=sum(same) / len(same),
-            rows_per_forward=sum(T * n for T, n in tgt.query_rows.items()) / tgt.forwards,
-            draft_fwd_per_token=drf.forwards / tokens if drf else 0.0, kv_mib_per_request=(
-                tgt.slot_bytes() + (drf.slot_bytes() if drf else 0)) / 2 ** 20,
+            rows_per_forward=sum(T * n for T, n in tgt.query_rows.items()) / tgt.forwards, draft_fwd_per_token=drf.forwards / tokens
+            if drf else 0.0, kv_mib_per_request=(tgt.slot_bytes() + (drf.slot_bytes() if drf else 0)) / 2 ** 20,
             gpu_fwd_equiv_per_token=modelled_gpu_cost(tgt.query_rows, drf.query_rows if drf else {}, tokens, syncs)))
         if exact and not all(same) and not (tgt.buckets or drf and drf.buckets):   # buckets: a rate
             failed.append(f"{name} at B={B}, batch {N} differs from batch 1 on {len(same) - sum(same)} prompt(s)")
-    at = {(r["method"], r["block_size"], r["batch"]): r for r in rows}      # (wall_s: pass by pass)
-    vs = lambda r, m, N: statistics.median(a / b for a, b in zip(o["wall_s"], r["wall_s"])) * r["tokens"] / o["tokens"] if (
-        o := at.get((m, r["block_size"], N))) else float("nan")    # the median of each pass's ratio
-    for r in rows:
-        r["speedup_vs_threshold"], r["speedup_vs_batch_1"] = vs(r, "threshold", r["batch"]), vs(r, r["method"], 1)
+    at = {(r["method"], r["block_size"], r["batch"]): r for r in rows}
+    vs = lambda r, o: r["tokens"] / o["tokens"] * statistics.median(a / b for a, b in zip(
+        o["pass_wall_s"], r["pass_wall_s"])) if o else float("nan")   # x row o: the median of the passes' ratios
+    for r in rows:   # (pass k of every row: in round k of by_batch)
+        r["speedup_vs_threshold"], r["speedup_vs_batch_1"] = (vs(r, at.get(k)) for k in (
+            ("threshold", r["block_size"], r["batch"]), (r["method"], r["block_size"], 1)))
     return rows, failed
 
 

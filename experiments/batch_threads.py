@@ -5,11 +5,12 @@ serve.batch runs it) or on the caller's count (as it ran before); ways interleav
 of --passes, wall time x alone. The explanation under test: torch's CPU ops run on an OpenMP team
 per calling thread, and a team's workers spin a while after each op, so a request thread's team
 spins on the cores that the batch's forward (in decode_all's thread) needs. If so, requests on
-the caller's count run far slower than on one thread, and at --threads 1 (no worker to spin) the
-two take the same time.
+the caller's count run far slower than on one thread, the two take the same time at --threads 1
+(no worker to spin), and the gap shrinks with OMP_WAIT_POLICY=PASSIVE (workers that sleep at once).
 
-    python experiments/batch_threads.py --prompts 32 --passes 5
-    python experiments/batch_threads.py --prompts 32 --passes 5 --threads 1
+    python experiments/batch_threads.py --prompts 32 --passes 7 [--batch 16]
+    python experiments/batch_threads.py --prompts 32 --passes 7 --threads 1
+    OMP_WAIT_POLICY=PASSIVE python experiments/batch_threads.py --prompts 32 --passes 7
 """
 import argparse
 import statistics
@@ -37,7 +38,8 @@ def main(prompts=32, passes=5, block_size=4, max_new_tokens=64, threads=2, batch
     rule, ps = cli.make_rule(tgt, block_size, cli.THRESHOLD), [ids for ids, _ in load_tasks(None, prompts, tok, False)]
 
     def run(p, t, n=None):   # n: the request's thread set to n torch threads first
-        torch.set_num_threads(n) if n else None
+        if n:
+            torch.set_num_threads(n)
         return generate(t, p, max_new_tokens, rule)
     ways = {"alone": lambda: [run(p, tgt) for p in ps], "N = 1": lambda: decode_all(lambda i, p, t: run(p, t), ps, (tgt,), 1)[0],
             f"N = {batch}, requests on one thread": lambda: decode_all(lambda i, p, t: run(p, t), ps, (tgt,), batch)[0],

@@ -73,7 +73,9 @@ class Pool:
 
     def slot_bytes(self):
         """A slot's KV cache: rows x layers x (k, v) x KV heads x head size x the dtype's bytes."""
-        return self.slot_len and self.slot_len * self.model.kv[..., :1, :].nbytes   # (none reserved: 0)
+        if not self.slot_len:   # no request reserved a slot (a drafter that never ran)
+            return 0
+        return self.slot_len * self.model.kv[..., :1, :].nbytes
 
     def reserve(self, max_len, spare=0):
         """Room for max_len rows a slot and `spare` rows past the slots (static shapes' padding
@@ -182,19 +184,21 @@ class Request:
 
     def __init__(self, index, decode):
         self.index, self.done, self.result, self.error, self.call = index, False, None, None, None
-        self.reply, self.threads = None, torch.get_num_threads()
+        self.reply = None
         self._go, self._parked = threading.Semaphore(0), threading.Semaphore(0)
         self.thread = threading.Thread(target=self._run, args=(decode,), daemon=True)
         self.thread.start()
 
-    def _run(self, decode):   # its own ops on one torch thread: a team of more would spin on the
-        torch.set_num_threads(1)   # cores the forward needs (experiments/batch_threads.py)
+    def _run(self, decode):
+        """The request's ops run on one torch thread: a team of more would spin on the cores that
+        decode_all's forward needs (experiments/batch_threads.py). (This also sets the count a
+        new thread starts with: decode_all puts that back.)"""
+        torch.set_num_threads(1)
         self._go.acquire()
         try:
             self.result = decode(self)
         except BaseException as e:  # noqa: B036  re-raised by decode_all, in its thread
             self.error = e
-        torch.set_num_threads(self.threads)
         self.done, self.call = True, None
         self._parked.release()
 
@@ -235,6 +239,7 @@ def decode_all(decode, prompts, models, n_slots):
         slots = [pool and Slot(m, pool, 0, None) for m, pool in zip(models, pools)]
         return [decode(i, prompt, *slots) for i, prompt in enumerate(prompts)], pools
     todo, results, live, calls = iter(enumerate(prompts)), [None] * len(prompts), {}, {}
+    threads = torch.get_num_threads()   # (a new thread's count, which Request._run sets, put back)
 
     def fill(s):   # the next prompt, if any, into slot s
         if (job := next(todo, None)) is not None:
@@ -267,4 +272,5 @@ def decode_all(decode, prompts, models, n_slots):
         for r in live.values():
             if not r.done:
                 r.resume(Abandoned())
+        torch.set_num_threads(threads)
     return results, pools

@@ -115,10 +115,12 @@ def test_requests_run_on_one_torch_thread_and_a_batch_of_one_in_the_callers():
         (a, b), _ = decode_all(seen, [0, 1], (), 2)
         assert a[1] == b[1] == 1 and a[0] is not threading.current_thread()
         assert decode_all(seen, [0], (), 1)[0] == [(threading.current_thread(), 2)]
-        later = []
+        with pytest.raises(ZeroDivisionError):   # a request that fails
+            decode_all(lambda i, p: 1 / i, [1, 0, 2], (), 2)
+        later = []   # the count a new thread starts with, as found
         t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
         t.start(), t.join()
-        assert later == [2]
+        assert later == [2] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(1)
 

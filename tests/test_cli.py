@@ -166,16 +166,16 @@ def test_bench_compile_both_runs_every_method_eager_and_compiled_in_one_run(monk
 
 def test_bench_batch_pairs_each_ratio_by_pass(capsys):
     """--batch: a row a method and batch size, each output its batch-1 output, and x threshold and
-    x batch 1 the median of each pass's ratio (the two timed in the same pass), not of medians."""
+    x batch 1 the median of the passes' ratios (pass k of each row: round k), not of medians."""
     status = bench.main(**bench.parse_args(["--prompts", "3", "--max-new-tokens", "8", "--methods", "threshold,simsd",
                                             "--batch", "1,2", "--repeats", "3"]))
     rows = {(r["method"], r["batch"]): r for r in last_json(capsys.readouterr().out)["results"]}
     assert status == 0 and sorted(rows) == sorted((m, N) for m in ("threshold", "simsd-lossless+threshold") for N in (1, 2))
     for (m, N), r in rows.items():
         thr, one = rows["threshold", N], rows[m, 1]
-        assert r["same_as_batch_1"] == 1 and len(r["wall_s"]) == 3
+        assert r["same_as_batch_1"] == 1 and len(r["pass_wall_s"]) == 3
         for key, o in (("speedup_vs_threshold", thr), ("speedup_vs_batch_1", one)):
-            ratios = [a / b * r["tokens"] / o["tokens"] for a, b in zip(o["wall_s"], r["wall_s"])]
+            ratios = [a / b * r["tokens"] / o["tokens"] for a, b in zip(o["pass_wall_s"], r["pass_wall_s"])]
             assert r[key] == pytest.approx(sorted(ratios)[1])
 
 

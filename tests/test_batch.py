@@ -130,6 +130,22 @@ def test_a_model_no_request_used_holds_no_cache():
     assert serve.batch.Pool(make_model(**PRESETS["tiny"]), 4).slot_bytes() == 0
 
 
+def test_a_pool_grown_keeps_every_slots_rows():
+    """Pool.reserve: room for longer slots, or for spare rows past the slots (static shapes'
+    padding), is a bigger cache with every slot's rows where its forwards find them."""
+    model = make_model(**PRESETS["tiny"])
+    pool = serve.batch.Pool(model, 3)
+    pool.reserve(100)
+    L = pool.slot_len
+    model.kv.copy_(torch.randn(model.kv.shape))
+    rows = [model.kv[..., i * L:(i + 1) * L, :].clone() for i in range(3)]
+    for max_len, spare in ((100, 8), (L + 1, 0), (L + 1, 3 * L)):
+        pool.reserve(max_len, spare)
+        assert model.kv.shape[-2] >= 3 * pool.slot_len + spare and pool.slot_len >= max_len
+        for i, r in enumerate(rows):
+            assert torch.equal(model.kv[..., i * pool.slot_len:i * pool.slot_len + L, :], r)
+
+
 def logits_of(model, ps, B=4):
     """Each prompt's logits at a prefill and at its first open block, as Session computes them."""
     mask_id, out = model.config.mask_token_id, []

@@ -177,15 +177,15 @@ def many(run, prompts, tok, models, batch, seed, max_new_tokens, compile, as_jso
     summary of them all (with --json, a JSON object a prompt, then the summary's)."""
     device = models[0].embed.weight.device
 
-    def decode(n, prompts=prompts):
+    def decode(n, prompts=prompts, progress=False):
         return batch_decode(lambda i, ids, t, d: run(ids, n, t, d, generator=torch.Generator(
-            device=device).manual_seed(seed + i), **kw), prompts, models, batch)
+            device=device).manual_seed(seed + i), **kw), prompts, models, batch, progress)
     if compile:   # batched compiled == batched eager on the first `batch` prompts, then timing
         cli.check_compiled(lambda: [x for out, _ in decode(max_new_tokens, prompts[:batch])[0] for x in out], *models)
     else:
         decode(4, prompts[:batch])
     load_s, t1 = time.perf_counter() - t0, time.perf_counter()
-    results, pools = decode(max_new_tokens)
+    results, pools = decode(max_new_tokens, progress=True)   # (a bar on stderr where it is a terminal)
     seconds, tokens = time.perf_counter() - t1, sum(len(out) for out, _ in results)
     for i, (out, st) in enumerate(results):
         counts = dict(tokens=st["tokens"], stop=st["stop"], nfe_target=st["nfe"], nfe_draft=st.get("nfe_draft", 0))

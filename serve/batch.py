@@ -15,10 +15,12 @@ With static shapes (CUDA graphs) a forward is instead ONE attention call over th
 padded to a bucket (Pool.bucketed): the logits to rounding, not to the bit.
 """
 import functools
+import sys
 import threading
 from collections import Counter, namedtuple
 
 import torch
+from tqdm import tqdm
 
 import mask as masks
 from decode import to_device
@@ -224,20 +226,32 @@ class Abandoned(BaseException):
     GeneratorExit: a decoder's `except Exception` does not swallow it)."""
 
 
-def decode_all(decode, prompts, models, n_slots):
+def decode_all(decode, prompts, models, n_slots, progress=False):
     """decode(i, prompt, *slots) -> a result: prompt i decoded alone, on models given as Slots
     (None stays None). At most n_slots requests live at a time; a finished one's slot takes the
     next prompt, whose prefill joins the next forward of its model. A step runs one forward of
     each model (in `models`' order) that some request waits on. -> ([a result a prompt, in
     order], [each model's Pool, or None]: its forwards and rows). Each request must draw from
-    its own generator (a sampled decode without one draws from torch's global stream)."""
+    its own generator (a sampled decode without one draws from torch's global stream).
+    progress: a bar of the prompts done, on stderr (where it is a terminal)."""
     if n_slots < 1:
         raise ValueError(f"--batch must be >= 1, got {n_slots}")
     n_slots = min(n_slots, len(prompts))
     pools = [m and Pool(m, n_slots) for m in models]
-    if n_slots == 1:   # nothing to share a forward with: each prompt decoded here, its forwards run at once
-        slots = [pool and Slot(m, pool, 0, None) for m, pool in zip(models, pools)]
-        return [decode(i, prompt, *slots) for i, prompt in enumerate(prompts)], pools
+    with tqdm(total=len(prompts), desc="prompts", unit="prompt", file=sys.stderr,
+              disable=None if progress else True) as bar:   # (None: off where stderr is no terminal)
+        if n_slots > 1:
+            return together(decode, prompts, models, pools, n_slots, bar), pools
+        slots, results = [pool and Slot(m, pool, 0, None) for m, pool in zip(models, pools)], []
+        for i, prompt in enumerate(prompts):   # a batch of one: no thread, its forwards run at once
+            results.append(decode(i, prompt, *slots))
+            bar.update()
+        return results, pools
+
+
+def together(decode, prompts, models, pools, n_slots, bar):
+    """decode_all's batch: a Request a live prompt, parked at each forward; a step runs ONE
+    forward of each model for the requests waiting on it and resumes them. -> the results."""
     todo, results, live, calls = iter(enumerate(prompts)), [None] * len(prompts), {}, {}
     threads = torch.get_num_threads()   # (a new thread's count, which Request._run sets, put back)
 
@@ -258,6 +272,7 @@ def decode_all(decode, prompts, models, n_slots):
             if r.error is not None:
                 raise r.error
             results[r.index], reply = r.result, None
+            bar.update()
             fill(s)
     try:
         for s in range(n_slots):
@@ -273,4 +288,4 @@ def decode_all(decode, prompts, models, n_slots):
             if not r.done:
                 r.resume(Abandoned())
         torch.set_num_threads(threads)
-    return results, pools
+    return results

@@ -55,6 +55,7 @@ def main(prompts=32, passes=5, block_size=4, max_new_tokens=64, threads=2, batch
     for k in list(ways)[1:]:
         print(f"{k}: {wall[k] / wall['alone']:.2f}x alone's time, tokens {'=' if outs[k] == outs['alone'] else '!='} alone")
 
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=32, help="held-out problems")

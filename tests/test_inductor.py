@@ -85,9 +85,8 @@ def test_a_compiled_mixture_of_experts_writes_eager_tokens():
 
 
 def test_batched_compiled_decoding_writes_eager_tokens(setting):
-    """Many prompts together (serve/batch.py: 2 prompts, 2 slots), both models compiled for
-    dynamic shapes over SDPA, SimSD (the drafter's forwards and the target's copies: every kind
-    of batched forward; Spiffy's are its plain and copy forwards): the same batch eager's tokens."""
+    """Many prompts together (serve/batch.py: 3 prompts, 2 slots), both models compiled for
+    dynamic shapes over SDPA, SimSD and Spiffy: the tokens of the same batch eager."""
     target, drafter, per_size = setting
     rule, graph, _ = per_size[4]
     torch._dynamo.reset()
@@ -95,6 +94,7 @@ def test_batched_compiled_decoding_writes_eager_tokens(setting):
     for m in models:
         m.attn_impl = "sdpa"
         fast.compile_dynamic(m, backend="inductor")
-    prompts = [prompt(3), prompt(37)]
-    run = lambda i, p, t, d: decoders(t, d, rule, graph, 8)["simsd"](p)   # noqa: E731
-    assert decode_all(run, prompts, models, 2)[0] == decode_all(run, prompts, (target, drafter), 2)[0]
+    prompts = [prompt(3), prompt(37), prompt(9)]
+    for name in ("simsd", "spiffy"):   # (their prefills and commits: plain decoding's forwards)
+        run = lambda i, p, t, d: decoders(t, d, rule, graph, 8)[name](p)   # noqa: E731
+        assert decode_all(run, prompts, models, 2)[0] == decode_all(run, prompts, (target, drafter), 2)[0], name

@@ -6,7 +6,7 @@ compares it with `threshold`, the others with `plain`, one token a step):
   plain           the same with the commit fused into the next block's first forward
   threshold       the threshold rule (low_confidence_dynamic), fused commit
   simsd-paper     the paper's: gamma = B drafts, temporal-mask verifier, accept on agreement
-                  (simsd-temporal: sample.py's drafter, --verify temporal, priced by its tables)
+                  (simsd-temporal: sample.py's --verify temporal --accept paper, priced)
   simsd-exact     the same drafts verified exactly (block copies), the paper's acceptance
   simsd-gated     exact states, accepted only where the target is sure (keeps its answers)
   simsd-lossless  exact states, plain decoding's rule walked through them (must equal plain)
@@ -37,22 +37,24 @@ import torch
 from torch._dynamo.utils import counters
 from tqdm import tqdm
 
-import cli, fast
-from decode import STRATEGIES, SYNCS, generate
+import cli
+from decode import STRATEGIES, SYNCS
 from loading import util
-from measure import costs, reach
-from measure.counts import counting, reach_check
+from compiling import RecompileLimitHits, compiled_copies, warm_up
+from decoder import Decoder
+from measure import costs
+from measure.pricing import Pricing, default_rows, price
+from measure.counts import reach_check
 from measure.graphs import graphs_for
 from measure.sol import GPU_MODEL, modelled_gpu_cost, speed_of_light as sol
 from serve.batch import decode_all as batch_decode, rows_keep_their_bits
 from speculate import Settings
-from spiffy import DRAFT_BUDGET, spiffy_generate
+from spiffy import DRAFT_BUDGET
 from training.tasks import TASKS, calibration_prompts, extract_answer, load_tasks
-from variants import simsd as simsd_generate
 
 SIMSD = {  # name -> simsd_generate settings (the paper's: gamma = B drafts, one a forward)
     "simsd-paper": dict(verifier="temporal", acceptance="paper", draft_threshold=None, draft_stop=None),
-    "simsd-temporal": dict(verifier="temporal", acceptance="paper"),   # sample.py's --verify temporal
+    "simsd-temporal": dict(verifier="temporal", acceptance="paper"),   # sample.py's --verify temporal --accept paper
     "simsd-exact": dict(verifier="copies", acceptance="paper", draft_threshold=None, draft_stop=None),
     "simsd-gated": dict(verifier="copies", acceptance="gated"),
     "simsd-lossless": dict(verifier="copies", acceptance="lossless"),
@@ -70,7 +72,7 @@ SPECS = {"none": "threshold", "simsd": "simsd-lossless+threshold", "spiffy": "sp
 ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "position order", dict(order="position")))
 TAGS = {"both": " compiled", "drafter": " (drafter compiled)"}   # --compile both / drafter: the extra rows' names end so
 COMPILED, DRAFTER_COMPILED = TAGS.values()
-PAIRS = {"copies": ("all copies", dict(cost=None))}  # --sweep
+PAIRS = {"copies": ("all copies", "none")}  # --sweep: the twin row's name and cost table
 SWEPT = {"gamma": DRAFTED, "steps": DRAFTED, "lookahead": [m for m in SIMSD if m not in TEMPORAL]}   # the methods each sweep applies to
 
 
@@ -88,38 +90,36 @@ def parse_method(name):
     return base, threshold
 
 
-def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strategy=None, **simsd):
-    """-> f(prompt ids, max_new_tokens) -> (ids, stats): one method at block size B; `strategy`
-    replaces the one-token rule of the methods without +threshold. Each call's generator is
-    seeded alike, so that `random` positions are comparable across methods."""
+def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strategy=None, target_dir=None,
+           priced=None, **simsd):
+    """-> f(prompt ids, max_new_tokens, models=None) -> (ids, stats): one method at block size B as a
+    decoder.Decoder; `strategy` replaces the one-token rule of the methods without +threshold; priced:
+    measure.pricing.price's keyword arguments (its cost table, row cap, device, compile and batch) for
+    the speculative methods (None: unpriced, every copy verified). Each call's generator is seeded alike, so that `random` positions are
+    comparable across methods."""
     base, threshold = parse_method(method)
     rule = cli.make_rule(target, B, cli.THRESHOLD if threshold else None, strategy=None if threshold else strategy)
     seeded = lambda: torch.Generator(target.embed.weight.device).manual_seed(0)
-    drafter = drafter if base in DRAFTED else None
-    table, alone = costs.named(simsd["cost"]) if "cost" in simsd else {}, None      # what the row says of it
-    rows_cap = simsd.pop("max_rows", None)
-    if "cost" in simsd:   # the speed devices (fast.py): copies capped, their reach calibrated, sized;
-        cost, scales = simsd.pop("cost"), simsd.pop("scales")   # SimSD's drafter only where it pays
-        simsd |= dict(cut=fast.cutter(cost, rows_cap, B, None if base in TEMPORAL else scales(base, rule)), **dict(
-            draft=cli.drafter_gate(cost, drafter, scales.target, rule, **SIMSD[base])) if base in ALIAS else {})
-        if alone := (base in LOSSLESS or base in ALIAS) and cli.rule_alone(cost, scales.target, ALIAS.get(base, base), rule, drafter):
-            table["rule_alone"] = scales.note(alone)
-    if base in ("sdar", "plain") or alone:   # t, d: the models, or serve.batch's stand-ins for them
-        run = lambda ids, n, t=target, d=None: generate(t, ids, n, rule, fuse_commit=base != "sdar", generator=seeded())
-    elif base in SIMSD:
-        run = lambda ids, n, t=target, d=drafter: simsd_generate(t, d, ids, n, rule, generator=seeded(),
-                                                                 walk=fast.walk, **{'draft': fast.draft, **simsd}, **SIMSD[base])
-    else:
-        graph = graphs(rule)
-        run = lambda ids, n, t=target, d=None: counting(spiffy_generate)(t, ids, n, rule, graph, draft_budget, generator=seeded(),
-                                                                         walk=fast.walk, **simsd)
-    blocks = 2 if base in ("sdar", "plain") else 3 if base in TEMPORAL else cli.verified_blocks(B, rows_cap)
-    run.warm, run.table, run.models = dict(target=target, drafter=drafter, max_blocks=blocks), table, (target, drafter)
+    if base in ("sdar", "plain"):
+        dec = Decoder("none", target, rule, settings=dict(fuse_commit=base != "sdar"))
+    else:   # priced (measure/pricing.py): copies capped, calibrated, sized; SimSD's drafter only where it pays
+        lossless = SIMSD.get(base, {}).get("acceptance", "lossless") == "lossless"
+        drafter = drafter if base in DRAFTED else None
+        pricing = Pricing() if priced is None else price(ALIAS.get(base, base), target_dir, target, rule, drafter,
+                                                         lossless=lossless, **priced)
+        settings = dict(simsd, **SIMSD[base]) if base in SIMSD else dict(graph=graphs(rule), draft_budget=draft_budget)
+        dec = Decoder("simsd" if base in SIMSD else "spiffy", target, rule, drafter, settings, pricing)
+    run = lambda ids, n, models=None: dec(ids, n, seeded(), models=models)   # noqa: E731
+    run.warm = dict(zip(("target", "drafter"), dec.models), max_blocks=dec.max_blocks)
+    run.models, run.table = dec.models, {} if dec.pricing is None else dict(
+        costs.named(dec.pricing.cost), **dict(rule_alone=dec.pricing.why) if dec.pricing.alone else {})
+    why = dec.pricing and dec.pricing.why   # (the reach table used, or why the rule runs alone)
+    run.note = why and (why if dec.pricing.alone else f"B={B} {ALIAS.get(base, base)}: {why}")
     return run
 
 
 def measure(plan, tasks, max_new_tokens, tok, repeats, device, compiled):
-    """Warm-up timed apart (compiled(row): cli.warm_up, every graph built first; else one
+    """Warm-up timed apart (compiled(row): compiling.warm_up, every graph built first; else one
     prompt), then each task through every method before the next, each method first in turn (a
     slow spell of a shared machine, or a slow place in the order, hits all alike). Outputs and
     counts from the first pass; wall time the median over repeats. -> (outputs, each row's
@@ -130,7 +130,7 @@ def measure(plan, tasks, max_new_tokens, tok, repeats, device, compiled):
     for key, (_, run) in runs:
         t0 = time.perf_counter()
         if compiled(key[0]):
-            cli.warm_up([run], [ids for ids, _ in tasks], max_new_tokens, key[1], **run.warm)
+            warm_up([run], [ids for ids, _ in tasks], max_new_tokens, key[1], **run.warm)
         else:
             run(tasks[0][0], max_new_tokens)
         warmup[key] += time.perf_counter() - t0
@@ -155,7 +155,7 @@ def by_batch(plans, batches, tasks, max_new_tokens, repeats, device, exact):
     (same round of passes) the median of the passes' ratios; each output against N = 1's (fp32: a change fails)."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     prompts, walls, first = [ids for ids, _ in tasks], defaultdict(list), {}
-    go = lambda run, n, N, ps=prompts: batch_decode(lambda i, p, t, d: run(p, n, t, d), ps, run.models, N)
+    go = lambda run, n, N, ps=prompts: batch_decode(lambda i, p, t, d: run(p, n, (t, d)), ps, run.models, N)
     for N in batches:       # warm-up: one block of N prompts at every N
         for (_, B), (_, run) in plans[N].items():
             go(run, B, N, prompts[:N])
@@ -266,16 +266,16 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
         util.check_writable(out, "--out")
 
 
-def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, draft_budget, cost, max_rows,
-              scales, tag="", **simsd):
+def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, draft_budget, target_dir, priced,
+              tag="", **simsd):
     """(row name, B) -> (method, runner): every method at every B; the gamma sweep and the
     ablations as rows of their own; `tag` ends every row's name (" compiled"). simsd: SimSD's
-    settings; cost: B -> (its cost model, in words); max_rows: B -> the row cap (cli.max_rows); scales: reach.finder's."""
+    settings; priced: measure.pricing.price's keyword arguments, for the speculative methods."""
     plan = {}
     for B, m in ((B, m) for B in block_sizes for m in methods):
         base = parse_method(m)[0]
         own = dict(draft_budget=draft_budget) if base == "spiffy" else simsd if base in SIMSD else {}
-        own = dict(own, cost=cost[B][0], max_rows=max_rows[B], scales=scales) if base in (*SIMSD, "spiffy") else own
+        own = dict(own, target_dir=target_dir, priced=priced) if base in (*SIMSD, "spiffy") else own
         variants = {m: {}}
         if sweep in SWEPT and base in SIMSD and base not in SWEPT[sweep] and B == block_sizes[0]:
             print(f"--sweep {sweep}: {m} does not read it (one row)")
@@ -286,7 +286,7 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
         if base in SIMSD and base not in TEMPORAL and sweep == "lookahead":
             variants = {f"{m}(K={k})": dict(lookahead=k) for k in range(4)}
         if base in (*SIMSD, "spiffy") and sweep in PAIRS and base != "simsd-paper":   # (unpriced: one row)
-            variants = {m: {}, f"{m}({PAIRS[sweep][0]})": PAIRS[sweep][1]}
+            variants = {m: {}, f"{m}({PAIRS[sweep][0]})": dict(priced=dict(priced, table=PAIRS[sweep][1]))}
         if base == "simsd-paper":
             variants |= {f"{m}({name})": setting for a, name, setting in ABLATIONS if a in ablate}
         for name, extra in variants.items():
@@ -346,10 +346,10 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     drafted, tag = any(parse_method(m)[0] in DRAFTED for m in methods), TAGS.get(compile)
     attention = cli.attention(attention, device, compile)   # eager and compiled rows alike
     cli.check_max_rows(max_rows, min(block_sizes))
-    dtype, limit_hits = getattr(torch, dtype) if dtype else None, cli.RecompileLimitHits() if compile else None
+    dtype, limit_hits = getattr(torch, dtype) if dtype else None, RecompileLimitHits() if compile else None
     tgt, tok, drf = cli.load_models(target, (drafter or "") if drafted else None, block_sizes, device, dtype,
                                     not tag and compile, stop_ids, attention)
-    pairs = {"": (tgt, drf)} | ({tag: cli.compiled_copies(tgt, drf) if compile == "both" else (tgt, *cli.compiled_copies(drf))}
+    pairs = {"": (tgt, drf)} | ({tag: compiled_copies(tgt, drf) if compile == "both" else (tgt, *compiled_copies(drf))}
                                 if tag else {})   # the same models again, compiled: both, or the drafter alone
     kind, tasks = tasks, load_tasks(data, prompts, tok, chat, tasks)
     notes = [f"{target} has no chat_template: the prompts are in ChatML"] * (chat and tok.chat_template is None)
@@ -358,14 +358,14 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     notes += [f"B={B}: copies sized by {how}" for B, (_, how) in cost.items()]
     methods = list(methods) + [p for p in ("plain", "threshold") if p not in methods and any(
         parse_method(m)[1] == (p == "threshold") for m in methods)]   # each method's plain counterpart runs too
-    rows_cap = {B: cli.max_rows(max_rows, device, compile, B) for B in block_sizes}
-    notes += [f"B={B}: at most {n} rows of copies a verification" for B, n in rows_cap.items() if n]
+    notes += [f"B={B}: at most {n} rows of copies a verification" for B in block_sizes
+              if (n := default_rows(max_rows, device, compile, B))]
     plans = {N: {k: v for end, (t, d) in pairs.items() for k, v in plan_runs(   # a batch of N: its own prices
         [m for m in methods if end != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep,
-        ablate, strategy, draft_budget or DRAFT_BUDGET, {B: costs.cost_model(target, tgt, B, cost_table, N) for B in block_sizes},
-        rows_cap, reach.finder(target, notes, ALIAS), end, **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
+        ablate, strategy, draft_budget or DRAFT_BUDGET, target, dict(table=cost_table, max_rows=max_rows, device=device,
+        compile=compile, batch=N), end, **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
         for N in batch or [1]}
-    plan = plans[1]
+    notes, plan = notes + list(dict.fromkeys(r.note for p in plans.values() for _, r in p.values() if r.note)), plans[1]
     cli.warn(*dict.fromkeys(c.stale for c, _ in cost.values() if c))   # a table measured on other code
     head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__, attention=attention,
                 tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats)

@@ -262,9 +262,9 @@ class Frontier:
     block: torch.Tensor   # (B,) the open block's state, mask_id where unknown
     pos: torch.Tensor     # (B,) its positions
     n_masked: int         # how many of them are masked (on the host)
-    host: list = None     # the state on the host
+    host: list = None     # `block` as a host list (every `host` field: a state, on the host)
     step: int = 0         # the rule's step index within the block
-    ranks: tuple = ()     # the walk's extra rows of this state (spiffy.ranks), on the host
+    ranks: tuple = ()     # the walk's extra rows here (spiffy.ranks: order, tokens, probs), host
     context: list = ()    # the ids before the open block, on the host
 
 

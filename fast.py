@@ -1,10 +1,8 @@
 """Speed devices, set apart from the reference: no core decoder (decode, verify, speculate,
 spiffy) imports this module. The command lines compose them; each gives the core's tokens and
-forwards (tests/test_fast.py).
+forwards (tests/test_fast.py). (The one-sync walk and drafter loop are the core's own twins,
+beside their references: verify.walk_one_sync, speculate.draft_one_sync.)
 
-- draft: SimSD's drafter loop with ONE host sync a round (speculate.draft's drafts).
-- walk: the verification walk with ONE host sync a round, for a rule whose step depends on
-  nothing but the state and its logits (every copy is stepped at once); else verify.walk.
 - pays, gated: whether a round is expected to pay (the cost and reach tables); SimSD's drafter
   run only in rounds that do, decided before it runs (its forwards and ops cost too).
 - cutter: the copies a round verifies, cut to a row cap (a GPU's static buckets) and sized by
@@ -14,62 +12,14 @@ forwards (tests/test_fast.py).
   to a power of two of rows, so each length compiles once.
 - compile_dynamic: torch.compile with dynamic shapes (the CPU's --compile): a graph a mask kind.
 """
-from itertools import accumulate
-
 import torch
 import torch.nn.functional as F
 
-from decode import to_device, to_host
+from decode import to_device
 from speculate import Draft
-from verify import Guesses, Walk, next_copies, no_extra
-from verify import walk as walk_stepwise
+from verify import Guesses
 
 STATIC_ROWS = 512   # static shapes: the most query rows a forward (a larger one is an error)
-
-
-def first_true(flags):
-    """Index of the first True along the last dim of a bool tensor; its length if none."""
-    return torch.cat([flags, flags.new_ones(*flags.shape[:-1], 1)], -1).int().argmax(-1)
-
-
-def draft(sess, front, rule, s, ahead, stops, generator=None):
-    """speculate.draft's Draft with ONE host sync: every decision stays on the device, so it
-    runs a fixed number of forwards, min(steps, masks in the window); once the drafter stops
-    (gamma, `stop`, a stop id), its steps reveal nothing. Ranks stand for the sort by
-    confidence, and each position's step label and rank give the draft order."""
-    B, mask_id, W = rule.block_size, rule.mask_id, (1 + ahead) * rule.block_size
-    steps, threshold, stop, gamma = s.draft_steps, s.draft_threshold, s.draft_stop, s.gamma
-    window = torch.cat([front.block, front.block.new_full((ahead * B,), mask_id)])
-    pos = front.pos[0] + torch.arange(W, device=window.device)
-    block_of = torch.arange(W, device=window.device) // B
-    tau, key = torch.zeros_like(window), torch.zeros_like(window)    # step label, draft order
-    p_at, alive = None, torch.ones((), dtype=torch.bool, device=window.device)
-    ends = to_device(sorted(stops), window.device)
-    for t in range(1, min(steps, front.n_masked + ahead * B) + 1):
-        logits = sess.forward(window, pos, keep=W)
-        masked = window == mask_id
-        active = masked.view(-1, B).any(-1).int().argmax()     # the first block with a mask
-        alive &= ~(torch.isin(window, ends) & (block_of < active)).any()
-        can = masked & (block_of == active) & alive
-        conf = rule.best(logits)[1].masked_fill(~can, -1.0)
-        rank = conf.sort(descending=True, stable=True).indices.argsort()  # each position's
-        n = (conf.double() > threshold).sum().clamp(min=1) if threshold else torch.ones_like(active)
-        reveal = can & (rank < torch.minimum(n, gamma - (tau > 0).sum()))
-        p, tok = rule.probs(logits), rule.pick(logits, generator)[0]
-        window = torch.where(reveal, tok, window)
-        tau, key = torch.where(reveal, t, tau), torch.where(reveal, t * W + rank, key)
-        p_at = p if p_at is None else torch.where(reveal[:, None], p, p_at)
-        if stop:                                   # the best confidence left, below `stop`
-            best_left = conf.masked_fill(reveal, -1.0).amax()
-            alive &= (best_left < 0) | (best_left.double() >= stop)   # (as the loop compares)
-    reach = p_at.gather(-1, window[:, None]).squeeze(-1)
-    tokens, tau, key, reach = to_host(window, tau, key, reach)          # the one host sync
-    at = sorted((i for i in range(W) if tau[i]), key=key.__getitem__)
-    reach = list(accumulate((reach[i] for i in at), lambda a, b: a * b))   # p_draft's product
-    return Draft(at, [tokens[i] for i in at], [tau[i] for i in at],
-                 p_at[to_device(at, window.device)], reach)
-
-
 MARGIN = 1.1   # the least gain a speculative round must promise: a table's prices relative to
                # each other moved 4-13% between runs of tools/costs.py on a 2-core CPU (once 37%)
 
@@ -103,48 +53,6 @@ def gated(draft, cost, drafting, per_round):
         return draft(sess, front, rule, s, ahead, stops, generator) if pays(
             cost, per_round, spend) else Draft([], [], [], None, [])
     return gated_draft
-
-
-def greedy_fixed_quota(rule):
-    """A step of `rule` depends on nothing but the state and its logits: no random draw, and
-    the same quota at every step index. Such a rule can step many states in one call."""
-    return rule.temperature == 0 and rule.strategy != "random" and len(set(rule.quota)) == 1
-
-
-def walk(logits, g, step, rule, generator=None, extra=no_extra):
-    """verify.walk's result. With nothing guessed, one step without the copies' bookkeeping;
-    for a greedy rule with a fixed quota, the rule steps EVERY copy in one batched call, whether
-    the walk reaches it or not; which copy each new state is, is found on the device too, and
-    only the chain is followed on the host: ONE host sync."""
-    if len(g.n_masked) == 1:                      # nothing guessed: one step, nothing to compare
-        new = rule(logits, g.copies[0], step, generator)
-        host, *ranks = to_host(new, *extra(logits, g.copies, new[None]))
-        return Walk([(logits, new)], host, [h[0] for h in ranks], [], [None], [])
-    if not greedy_fixed_quota(rule):
-        return walk_stepwise(logits, g, step, rule, generator, extra)
-    each, copies, then = logits.split(g.n_masked), g.copies, next_copies(g)
-    goes_on = [int(c is not None) for c in then]         # verify.walk's test, on the device:
-    block_of, goes_on = to_device([g.after or [-1] * len(then), goes_on], copies.device)
-    new = rule(logits, copies, step)                                        # (n, B): each stepped
-    hit = same_state(copies[None], new[:, None]) & (block_of[None] == block_of[:, None]) & \
-        goes_on.bool()      # (n, n): copy i's new state is copy j, of its block, to go on from
-    more = extra(logits, copies, new)
-    nxt, new_h, all_copies, *ranks = to_host(first_true(hit), new, copies, *more)
-    path, crossed, visited = [0], [], []    # copy i's new state is copy nxt[i], if any
-    while nxt[path[-1]] < len(copies):
-        j = nxt[path[-1]]
-        visited.append(j)
-        if not g.n_masked[j]:                   # complete: on from the next block's first copy
-            crossed.append((len(path), j))
-        path.append(then[j])
-    last = path[-1]
-    return Walk([(each[i], new[i]) for i in path], new_h[last], [h[last] for h in ranks], crossed,
-                all_copies, visited)
-
-
-def same_state(copies, state):
-    """(n, B) copies and a (B,) state -> (n,) bool: which copies are that state (broadcasts)."""
-    return (copies == state).all(-1)
 
 
 def prefix(g, n):

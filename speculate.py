@@ -35,8 +35,7 @@ class Draft:
 
 @dataclass
 class Settings:
-    """SimSD's settings (sample.py's --verify, --lookahead, ...; None: a default by block size),
-    then the parts fast.py and variants.py swap in (None: this file's, or nothing)."""
+    """SimSD's settings (--verify, ...; None: a default by B), then the parts swapped in."""
     verifier: str = "copies"     # "copies": lossless; "temporal": the paper's (verify_temporal)
     lookahead: int = None        # blocks past the open one a round drafts (copies: LOOKAHEAD)
     gamma: int = None            # the most drafts a round (default: the whole window)
@@ -45,8 +44,8 @@ class Settings:
     draft_stop: float = DRAFT_STOP             # and stops once the best left is below this
     rope_copy: bool = True       # temporal: slots at their tokens' RoPE positions (ablation)
     fuse_commit: bool = True     # decode.Session's
-    draft: callable = None       # the drafter's loop (None: draft; fast.draft: one host sync)
-    walk: callable = walk        # the lossless walk (fast.walk: the same, one host sync)
+    draft: callable = None       # the drafter's loop (None: draft; draft_one_sync: one host sync)
+    walk: callable = walk        # the lossless walk (verify.walk_one_sync: the same, one host sync)
     cut: callable = None         # Guesses -> the copies verified (fast.cutter)
     propose: callable = None     # (front, blocks ahead) -> Draft, instead of a drafter
     extra: callable = no_extra   # the walk's extra rows (variants.best_token_ranks)
@@ -82,8 +81,7 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
     s.draft_steps forwards, each revealing in the first block with a mask its most confident
     position and every other above s.draft_threshold, with the tokens drawn (the proposal is
     exactly p_draft: where it drafts never depends on the draw). It stops after s.gamma drafts,
-    when the best confidence left is below s.draft_stop, or past a block with a `stops` id.
-    -> Draft. A host sync a step; fast.draft: the same Draft with one a round."""
+    below s.draft_stop, or past a block with a `stops` id. -> Draft; a host sync a step."""
     B, mask_id, gamma = rule.block_size, rule.mask_id, s.gamma
     window = list(front.host) + [mask_id] * (ahead * B)      # all masks past the open block
     pos = front.pos[0] + torch.arange(len(window), device=front.pos.device)
@@ -110,6 +108,43 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
     p, = to_host(d.p_draft.gather(-1, to_device(d.tokens, pos.device)[:, None])[:, 0])
     d.reach = list(accumulate(p, lambda a, b: a * b))
     return d
+
+
+def draft_one_sync(sess, front, rule, s, ahead, stops, generator=None):
+    """draft's Draft with ONE host sync a round: the command lines' drafter loop. It differs in how:
+    every decision stays on the device, so it runs min(steps, masks in the window) forwards, those
+    past the drafter's stop revealing nothing. Held equal to draft: tests/test_fast.py."""
+    B, mask_id, W = rule.block_size, rule.mask_id, (1 + ahead) * rule.block_size
+    steps, threshold, stop, gamma = s.draft_steps, s.draft_threshold, s.draft_stop, s.gamma
+    window = torch.cat([front.block, front.block.new_full((ahead * B,), mask_id)])
+    pos = front.pos[0] + torch.arange(W, device=window.device)
+    block_of = torch.arange(W, device=window.device) // B
+    tau, key = torch.zeros_like(window), torch.zeros_like(window)    # step label, draft order
+    p_at, alive = None, torch.ones((), dtype=torch.bool, device=window.device)
+    ends = to_device(sorted(stops), window.device)
+    for t in range(1, min(steps, front.n_masked + ahead * B) + 1):
+        logits = sess.forward(window, pos, keep=W)
+        masked = window == mask_id
+        active = masked.view(-1, B).any(-1).int().argmax()     # the first block with a mask
+        alive &= ~(torch.isin(window, ends) & (block_of < active)).any()
+        can = masked & (block_of == active) & alive
+        conf = rule.best(logits)[1].masked_fill(~can, -1.0)
+        rank = conf.sort(descending=True, stable=True).indices.argsort()  # each position's
+        n = (conf.double() > threshold).sum().clamp(min=1) if threshold else torch.ones_like(active)
+        reveal = can & (rank < torch.minimum(n, gamma - (tau > 0).sum()))
+        p, tok = rule.probs(logits), rule.pick(logits, generator)[0]
+        window = torch.where(reveal, tok, window)
+        tau, key = torch.where(reveal, t, tau), torch.where(reveal, t * W + rank, key)
+        p_at = p if p_at is None else torch.where(reveal[:, None], p, p_at)
+        if stop:                                   # the best confidence left, below `stop`
+            best_left = conf.masked_fill(reveal, -1.0).amax()
+            alive &= (best_left < 0) | (best_left.double() >= stop)   # (as the loop compares)
+    reach = p_at.gather(-1, window[:, None]).squeeze(-1)
+    tokens, tau, key, reach = to_host(window, tau, key, reach)          # the one host sync
+    at = sorted((i for i in range(W) if tau[i]), key=key.__getitem__)
+    reach = list(accumulate((reach[i] for i in at), lambda a, b: a * b))   # p_draft's product
+    return Draft(at, [tokens[i] for i in at], [tau[i] for i in at],
+                 p_at[to_device(at, window.device)], reach)
 
 
 def drafted_states(front, d, ahead, stops, mask_id, every=True):
@@ -200,8 +235,7 @@ def undrafted(front, d, mask_id):
 
 
 def temporal_round(sess, rule, s, propose, generator, counts):
-    """The paper's round: propose(front, 0) -> a Draft of the open block; verify_temporal;
-    accept_temporal (s.extra: verify.walk's, on the slots' logits)."""
+    """The paper's round: propose(front, 0), verify_temporal, accept_temporal."""
     def one_round(front, tokens_left):
         d = propose(front, 0)
         logits = verify_temporal(sess, front, d, rule, s.rope_copy)

@@ -90,7 +90,8 @@ def draft_copies(ranked, state, block, graph, budget, rule, cross, stops):
     """A round's copies: the open block's state and its drafts (build_drafts), and after each
     draft that finishes the block, the next block's first state (two copies of the budget for
     that draft), when `cross` (a block after this one is wanted) and the draft holds none of
-    the `stops` ids (decoding would end there). -> verify.Guesses."""
+    the `stops` ids (decoding would end there). `budget` (D*) counts the copies past the open
+    block's own: at most 1 + D* in all. -> verify.Guesses."""
     drafts, odds = build_drafts(ranked, state, graph, budget, rule) if graph and ranked else \
         ([], [])   # (no ranks for a new block's first state: no forward has seen it)
     host, after, reach = [state], [-1], [1.0]

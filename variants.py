@@ -30,11 +30,10 @@ from decode import (Advance, DecodeRule, Frontier, packed_index, stop_ids,
                     to_device, to_host)
 from measure.counts import counting
 from speculate import Draft, Settings, agree, correct, draft, simsd_generate
-from fast import first_true
+from verify import first_true
 from verify import no_extra
 
-LOOKUP_N = 3          # the longest n-gram lookup matches (docs/results.md: by measurement)
-LOOKUP_MIN_N = 3      # the shortest
+LOOKUP_N = 3          # the n-gram lookup matches (docs/results.md: by measurement)
 LOOKUP_CHANCE = (0.3, 0.85)   # lookup's guess that its first token is kept, and each next one
                               # after it (fast.sized only; experiments/lookup_keep.py measured
                               # 0.12-0.57, 0.4-0.93)
@@ -42,10 +41,11 @@ GATE = 0.9   # gated acceptance: the target confidence it accepts at
 REFERENCES, ACCEPTS = ("drafter", "trajectory", "lookup"), ("paper", "gated", "lossless")
 
 
-def trajectory(front, rule, ahead):
+def trajectory(front, rule):
     """The target's trajectory from the open block's state, read off front.ranks (the ranks of
     the last forward at this state: positions by confidence, each one's best token and its
-    probability). A state no forward has seen (a new block) proposes nothing."""
+    probability), inside the open block only. A state no forward has seen (a new block)
+    proposes nothing."""
     if not front.ranks:
         return Draft([], [], [])
     order, tok, p = front.ranks
@@ -173,7 +173,7 @@ def simsd(target, drafter, prompt, max_new_tokens=64, rule=None, acceptance="los
           generator=None, on_block=None, **settings):
     """speculate.simsd_generate with the command lines' names: acceptance ("lossless", or on
     copies "paper" or "gated"; the temporal verifier's is always the paper's), reference
-    ("drafter", "trajectory", or "lookup" up to lookup_n-grams: no drafter), order ("tau", or
+    ("drafter", "trajectory", or "lookup" of lookup_n-grams: no drafter), order ("tau", or
     the temporal path's ablation "position"); settings: speculate.Settings' fields. Its rounds
     counted (measure/counts.py)."""
     s = Settings(**settings)
@@ -183,7 +183,7 @@ def simsd(target, drafter, prompt, max_new_tokens=64, rule=None, acceptance="los
     rule = rule or DecodeRule(target.config.mask_token_id, target.config.block_size)
     stops, device = stop_ids(target.config, eos_id), target.embed.weight.device
     if reference == "trajectory":
-        s.propose = lambda front, ahead: trajectory(front, rule, ahead)
+        s.propose = lambda front, ahead: trajectory(front, rule)       # (the open block only)
     elif reference == "lookup":
         s.propose = lambda front, ahead: lookup_draft(front, rule, lookup_n, ahead, stops,
                                                       by_confidence=not temporal)
@@ -238,12 +238,9 @@ def check(temporal, acceptance, reference, lookup_n, gate, order="tau"):
 
 
 def check_drafter(reference, drafter, config):
-    """A drafter exactly when the reference is one, and of the target's vocabulary."""
+    """A drafter exactly when the reference is one (its vocabulary: speculate.simsd_generate)."""
     if reference == "drafter" and drafter is None:
         raise ValueError("--reference drafter needs a drafter (or choose --reference trajectory "
                          "or lookup: no second model)")
     if reference != "drafter" and drafter is not None:
         raise ValueError(f"a drafter was given with --reference {reference}, which needs none")
-    if drafter is not None and (drafter.config.mask_token_id, drafter.config.vocab_size) != (
-            config.mask_token_id, config.vocab_size):
-        raise ValueError("drafter and target differ in vocabulary size or mask token id")

@@ -57,9 +57,9 @@ class Walk:
     """Where plain decoding went through the verified copies."""
     path: list        # the steps, [(the logits stepped from (packed), the new state)]
     host: list        # the last new state (where the round ends), on the host
-    ranks: list       # its rows of the walk's `extra` (e.g. spiffy.ranks), on the host
+    ranks: list       # its rows of the walk's `extra` (spiffy.ranks' triple), on the host
     crossed: list     # where it finished a block and went on: [(steps so far, complete copy)]
-    copies: list      # every copy, on the host
+    copies: list      # Guesses.copies as host lists (the tensor stays in Guesses)
     visited: list     # the copies it reached, in order
 
 
@@ -78,7 +78,7 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     """Plain decoding through the verified copies of g, from copies[0] at step index `step`,
     on while the new state is a copy of its block to go on from (next_copies). extra(packed
     logits, the (m, B) states stepped from, the (m, B) new states) -> m-row tensors brought
-    back (Walk.ranks: the last state's). A host sync a step (fast.walk: one a round)."""
+    back (Walk.ranks: the last state's). A host sync a step (walk_one_sync: one a round)."""
     each, n = logits.split(g.n_masked), len(g.n_masked)
     after, then = g.after or [-1] * n, next_copies(g)
     path, crossed, visited, i = [], [], [], 0
@@ -97,10 +97,56 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
         i, step = then[j], step + 1 if g.n_masked[j] else 0
 
 
+def walk_one_sync(logits, g, step, rule, generator=None, extra=no_extra):
+    """walk's Walk with ONE host sync a round: the command lines' walk. It differs in how: for a
+    greedy_fixed_quota rule every copy is stepped in one call and which copy each new state is, is
+    found on the device (another rule: walk itself). Held equal to walk: tests/test_walk.py."""
+    if len(g.n_masked) == 1:                      # nothing guessed: one step, nothing to compare
+        new = rule(logits, g.copies[0], step, generator)
+        host, *ranks = to_host(new, *extra(logits, g.copies, new[None]))
+        return Walk([(logits, new)], host, [h[0] for h in ranks], [], [None], [])
+    if not greedy_fixed_quota(rule):
+        return walk(logits, g, step, rule, generator, extra)
+    each, copies, then = logits.split(g.n_masked), g.copies, next_copies(g)
+    goes_on = [int(c is not None) for c in then]         # verify.walk's test, on the device:
+    block_of, goes_on = to_device([g.after or [-1] * len(then), goes_on], copies.device)
+    new = rule(logits, copies, step)                                        # (n, B): each stepped
+    hit = same_state(copies[None], new[:, None]) & (block_of[None] == block_of[:, None]) & \
+        goes_on.bool()      # (n, n): copy i's new state is copy j, of its block, to go on from
+    more = extra(logits, copies, new)
+    nxt, new_h, all_copies, *ranks = to_host(first_true(hit), new, copies, *more)
+    path, crossed, visited = [0], [], []    # copy i's new state is copy nxt[i], if any
+    while nxt[path[-1]] < len(copies):
+        j = nxt[path[-1]]
+        visited.append(j)
+        if not g.n_masked[j]:                   # complete: on from the next block's first copy
+            crossed.append((len(path), j))
+        path.append(then[j])
+    last = path[-1]
+    return Walk([(each[i], new[i]) for i in path], new_h[last], [h[last] for h in ranks], crossed,
+                all_copies, visited)
+
+
+def greedy_fixed_quota(rule):
+    """A step of `rule` depends on nothing but the state and its logits: no random draw, and
+    the same quota at every step index. Such a rule can step many states in one call."""
+    return rule.temperature == 0 and rule.strategy != "random" and len(set(rule.quota)) == 1
+
+
+def same_state(copies, state):
+    """(n, B) copies and a (B,) state -> (n,) bool: which copies are that state (broadcasts)."""
+    return (copies == state).all(-1)
+
+
+def first_true(flags):
+    """Index of the first True along the last dim of a bool tensor; its length if none."""
+    return torch.cat([flags, flags.new_ones(*flags.shape[:-1], 1)], -1).int().argmax(-1)
+
+
 def lossless_round(sess, rule, propose, generator=None, extra=no_extra, walk=walk, counts=None):
     """A round of the lossless decoders (decode.round_loop's one_round): propose(front, left) ->
     Guesses, verified in ONE forward of sess, walked through (`walk`: this module's, or
-    fast.walk); counts: a counts.Counts the round reports to."""
+    walk_one_sync); counts: a counts.Counts the round reports to."""
     def one_round(front, tokens_left):
         g = propose(front, tokens_left)
         w = walk(verify_copies(sess, g, front.pos), g, front.step, rule, generator, extra)

@@ -20,7 +20,6 @@ import cli  # noqa: E402
 from decode import DecodeRule  # noqa: E402
 from fast import many_graphs  # noqa: E402
 from loading import util  # noqa: E402
-from measure import costs, reach  # noqa: E402
 from measure.graphs import graphs_for  # noqa: E402
 from spiffy import DRAFT_BUDGET  # noqa: E402
 from training.tasks import load_tasks  # noqa: E402
@@ -65,9 +64,7 @@ def main(prompts=40, B=4, max_new_tokens=64):
     target, tok, drafter = cli.load_models(cli.DEFAULT_TARGET, "", [B], "cpu", None, "auto")
     use, now = switchable_rule()
     graphs = graphs_for(cli.DEFAULT_TARGET, target, lambda: None, [])
-    cost = {B: costs.cost_model(cli.DEFAULT_TARGET, target, B)}
-    plan = bench.plan_runs(METHODS, [B], target, drafter, graphs, None, (), None,
-                           DRAFT_BUDGET, cost, {B: None}, reach.finder(cli.DEFAULT_TARGET, []))
+    plan = bench.plan_runs(METHODS, [B], target, drafter, graphs, None, (), None, DRAFT_BUDGET, cli.DEFAULT_TARGET, {})
     tasks = load_tasks(None, prompts, tok, False)
     tokens, seconds = timed_runs(plan, tasks, use, now, max_new_tokens)
     print(f"B = {B}, {prompts} problems, the pair compiled, tokens/s:")

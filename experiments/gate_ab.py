@@ -23,9 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import cli  # noqa: E402
 import fast  # noqa: E402
+import speculate  # noqa: E402
+import verify  # noqa: E402
 from decode import Frontier, Session, generate  # noqa: E402
 from loading import util  # noqa: E402
 from measure import costs, reach  # noqa: E402
+from measure.pricing import price  # noqa: E402
 from speculate import Settings  # noqa: E402
 from training.tasks import problems  # noqa: E402
 from variants import simsd  # noqa: E402
@@ -49,13 +52,13 @@ def main(block_size=4, prompts=40, passes=3, max_new_tokens=64, threads=2):
 
     def timed(sess, front, rule, s, ahead, stops, generator=None):
         t0 = time.perf_counter()
-        d = fast.draft(sess, front, rule, s, ahead, stops, generator)
+        d = speculate.draft_one_sync(sess, front, rule, s, ahead, stops, generator)
         insitu.setdefault(ahead, []).append((time.perf_counter() - t0) / min(s.draft_steps, front.n_masked + ahead * B))
         return d
-    drafts = dict(always=timed, never=fast.gated(fast.draft, cost, dict(step_s=[1.0]), (1.0, 0.0)),
-                  gated=cli.drafter_gate(cost, drf, cli.DEFAULT_TARGET, rule))
+    drafts = dict(always=timed, never=fast.gated(speculate.draft_one_sync, cost, dict(step_s=[1.0]), (1.0, 0.0)),
+                  gated=price("simsd", cli.DEFAULT_TARGET, tgt, rule, drf, table=cost).draft)
     runs = dict(threshold=lambda ids: generate(tgt, ids, max_new_tokens, rule), **{
-        k: lambda ids, d=d: simsd(tgt, drf, ids, max_new_tokens, rule, draft=d, walk=fast.walk, cut=cut)
+        k: lambda ids, d=d: simsd(tgt, drf, ids, max_new_tokens, rule, draft=d, walk=verify.walk_one_sync, cut=cut)
         for k, d in drafts.items()})
     ids_all = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(prompts, "test")]
     for run in runs.values():                                         # warm-up
@@ -87,7 +90,7 @@ def main(block_size=4, prompts=40, passes=3, max_new_tokens=64, threads=2):
 
 
 def back_to_back(drafter, rule, prompt, ahead, calls=30):
-    """The median drafter step of fast.draft called again and again on one state, `ahead`
+    """The median drafter step of speculate.draft_one_sync called again and again on one state, `ahead`
     blocks ahead: nothing between the calls."""
     B, s = rule.block_size, Settings().for_block(rule.block_size)
     n = len(prompt) // B * B
@@ -97,7 +100,7 @@ def back_to_back(drafter, rule, prompt, ahead, calls=30):
     times = []
     for _ in range(calls + 1):
         t0 = time.perf_counter()
-        fast.draft(sess, front, rule, s, ahead, set())
+        speculate.draft_one_sync(sess, front, rule, s, ahead, set())
         times.append((time.perf_counter() - t0) / s.draft_steps)
     return statistics.median(times[1:])
 

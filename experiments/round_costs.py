@@ -8,11 +8,11 @@ only: the decoders themselves time nothing.
   target forwards   decode.Session.forward on the target (prefill, rounds, commits)
   drafter forwards  the same on the drafter
   rule              DecodeRule.__call__: the decoding step (plain's, and the walk's)
-  walk              fast.walk around the rule: which copy each new state is, host copies
+  walk              verify.walk_one_sync around the rule: which copy each new state is, host copies
   hint              what the next round's guesses are read from (spiffy.ranks,
                     DecodeRule.best for the drafter-free references; inside the rule,
                     where a greedy step picks its tokens with it, the rule's)
-  proposing         the guesses: the drafter's loop around its forwards (fast.draft),
+  proposing         the guesses: the drafter's loop around its forwards (speculate.draft_one_sync),
                     Spiffy's graph (draft_copies), trajectory / lookup, the drafted states
   loop, rest        everything else: the round loop, commits, stop checks, masks, positions
 
@@ -49,6 +49,7 @@ import cli  # noqa: E402
 from measure import costs  # noqa: E402
 import decode  # noqa: E402
 import fast  # noqa: E402
+import verify  # noqa: E402
 import speculate  # noqa: E402
 import spiffy  # noqa: E402
 import variants  # noqa: E402
@@ -93,11 +94,11 @@ def time_the_parts(target, sync):
     timed(decode.Session, "forward", lambda a: "target forwards" if a[0].model is target
           else "drafter forwards", sync)
     timed(decode.DecodeRule, "__call__", "rule", sync)
-    timed(fast, "walk", "walk", sync)
+    timed(verify, "walk_one_sync", "walk", sync)
     timed(spiffy, "ranks", "hint", sync)
     timed(decode.DecodeRule, "best", lambda a: "rule" if stack and stack[-1][0] == "rule"
           else "hint", sync)
-    for owner, name in ((fast, "draft"), (spiffy, "draft_copies"), (variants, "trajectory"),
+    for owner, name in ((speculate, "draft_one_sync"), (spiffy, "draft_copies"), (variants, "trajectory"),
                         (variants, "lookup_draft"), (speculate, "drafted_states")):
         timed(owner, name, "proposing", sync)
 
@@ -106,7 +107,7 @@ def methods(target, drafter, B, n_new):
     """name -> run(prompt ids): each method as the command lines compose it."""
     rule = cli.make_rule(target, B, cli.THRESHOLD)
     cut = fast.cutter(costs.cost_model(cli.DEFAULT_TARGET, target, B, None)[0], None, B)
-    kw, simsd = dict(cut=cut, walk=fast.walk), dict(cut=cut, draft=fast.draft, walk=fast.walk)
+    kw, simsd = dict(cut=cut, walk=verify.walk_one_sync), dict(cut=cut, draft=speculate.draft_one_sync, walk=verify.walk_one_sync)
     graph = graphs.load_graph(graphs.graph_path(cli.DEFAULT_TARGET, rule), rule)
     return {
         "threshold": lambda ids: decode.generate(target, ids, n_new, rule),

@@ -19,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fast  # noqa: E402
 import sample  # noqa: E402
 import serve.batch  # noqa: E402
-from cli import DEFAULT_TARGET  # noqa: E402
 from decode import Session  # noqa: E402
 from loading import util  # noqa: E402
 from training.tasks import problems  # noqa: E402
@@ -64,16 +63,15 @@ def main(n_prompts=5, block_sizes=(4, 8, 32), decoders=tuple(DECODERS), compiled
         for name in decoders:
             spec, flags = DECODERS[name]
             for temperature in (0.0, 0.8):
-                _, tok, _, run, *_ = sample.prepare(spec, DEFAULT_TARGET, None, B, None, None, "cpu", None, False, None, None,
-                                                    dict(temperature=temperature), "none", flags.get("verifier"), flags.get("reference"))
-                prompts, models = [tok.encode(t) for t in texts], [m for m in run.__defaults__[:2] if m is not None]
+                dec, tok = sample.load(spec, block_size=B, temperature=temperature, cost_table="none", **flags)
+                prompts, models = [tok.encode(t) for t in texts], [m for m in dec.models if m is not None]
                 if name == decoders[0] and temperature == 0.0:
                     print("logits: %d rows, at most %.1e from alone" % logits_gap(models[0], prompts, B, compiled))
                 seeded = lambda i: torch.Generator().manual_seed(i)
-                alone = [run(p, new_tokens, generator=seeded(i), **flags)[0] for i, p in enumerate(prompts)]
+                alone = [dec(p, new_tokens, seeded(i))[0] for i, p in enumerate(prompts)]
                 undo = static(models, compiled)
-                together, pools = serve.batch.decode_all(lambda i, p, t, d: run(p, new_tokens, t, d, generator=seeded(i), **flags),
-                                                         prompts, run.__defaults__[:2], max(1, n_prompts // 2))
+                together, pools = serve.batch.decode_all(lambda i, p, t, d: dec(p, new_tokens, seeded(i), models=(t, d)),
+                                                         prompts, dec.models, max(1, n_prompts // 2))
                 undo()
                 same = sum(a == b for a, (b, _) in zip(alone, together))
                 print(f"B={B} {name} {'sampled' if temperature else 'greedy'}: {same} of {len(prompts)} requests "

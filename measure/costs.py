@@ -53,28 +53,36 @@ import torch
 import mask as masks
 from decode import DecodeRule, Session
 from loading.checkpoint import PRESETS
-from verify import Guesses, verify_copies
+from speculate import draft_one_sync
+from verify import Guesses, verify_copies, walk_one_sync
 
 COPIES = (1, 2, 4, 8, 16)   # the copy counts measured; linear between them and past the last
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = ROOT / "models" / "costs"   # tables for a model shape with no weights: SHAPES/<preset>/
-CODE = ("model.py", "mask.py", "decode.py", "verify.py", "fast.py")   # what a measured round runs
+CODE = ("model.py", "mask.py", "decode.py", "verify.py", "speculate.py", "fast.py")   # what a measured round runs
 
 
-def code_hash():
-    """Short sha256 of what CODE runs: its source rewritten from the syntax tree without
-    docstrings or comments (ast.unparse), so a table measured on other code is stale and one
-    measured before a comment or a docstring changed is not."""
-    h = hashlib.sha256()
-    for name in CODE:
-        tree = ast.parse((ROOT / name).read_text())
+def code_hash(root=None):
+    """Short sha256 of what CODE runs (code_statements, in sorted order), so a table measured on
+    other code is stale, and one measured before a comment, a docstring, an import or the file a
+    function lives in changed is not."""
+    texts = {name: (Path(root or ROOT) / name).read_text() for name in CODE}
+    return hashlib.sha256("\0".join(sorted(code_statements(texts))).encode()).hexdigest()[:12]
+
+
+def code_statements(texts):
+    """Each top-level statement of {file: source} but the imports, rewritten from the syntax tree
+    without docstrings or comments (ast.unparse)."""
+    parts = []
+    for text in texts.values():
+        tree = ast.parse(text)
         for node in ast.walk(tree):
             body = getattr(node, "body", None)
             if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
                     isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
                 node.body = body[1:] or [ast.Pass()]
-        h.update(name.encode() + b"\0" + ast.unparse(tree).encode())
-    return h.hexdigest()[:12]
+        parts += [ast.unparse(n) for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))]
+    return parts
 
 
 def device_name(device):
@@ -128,11 +136,10 @@ def sync_seconds(device, repeats):
 
 def measure(model, B, repeats=5, cache_len=None, target=None):
     """Seconds of a round's forward and walk over n = 1, 2, 4, 8, 16 all-mask copies (n x B
-    query rows: fast.walk steps the threshold rule on every copy, one host sync) after cache_len
+    query rows: verify.walk_one_sync steps the threshold rule on every copy, one host sync) after cache_len
     rows of cache (default: two blocks), the fastest of `repeats` each, taken in turns (1, 2,
     ..., 16, 1, 2, ...) so that a slow spell of the machine spreads over every n; more rows are
     never cheaper. -> the table (a dict, the module's format)."""
-    from fast import walk        # (fast imports nothing of measure/)
     device, mask_id = model.embed.weight.device, model.config.mask_token_id
     rule = DecodeRule(mask_id, B, "low_confidence_dynamic", threshold=0.9)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -146,7 +153,7 @@ def measure(model, B, repeats=5, cache_len=None, target=None):
                 sync()
                 t0 = time.perf_counter()
                 g = Guesses(torch.full((n, B), mask_id, device=device), [B] * n)
-                walk(verify_copies(sess, g, pos), g, 0, rule)
+                walk_one_sync(verify_copies(sess, g, pos), g, 0, rule)
                 sync()
                 times[n].append(time.perf_counter() - t0)
     seconds = list(itertools.accumulate((min(times[n][1:]) for n in COPIES), max))
@@ -158,14 +165,13 @@ def measure(model, B, repeats=5, cache_len=None, target=None):
 def measure_draft(target, drafter, B, repeats=5, path=None, table=None, new_blocks=8):
     """SimSD's drafting, as it runs: `repeats` prompts of random tokens decoded by
     speculate.simsd_generate (the target verifying, the threshold rule), each call of
-    fast.draft timed where it runs, between the target's forwards (experiments/gate_ab.py sets
+    speculate.draft_one_sync timed where it runs, between the target's forwards (experiments/gate_ab.py sets
     it against one timed back to back), and by plain decoding, timed whole: its rounds put the
     times in `table`'s time base (a shared machine is faster or slower by the minute). -> the
     table's "draft": per blocks drafted ahead, 0 to LOOKAHEAD, the median drafter step (its
     cache catching up on the blocks the last round finished: most calls), and round_s, the median
     of what a drafted round took beyond its drafting and `table`'s price of its copies."""
     from decode import generate
-    from fast import draft       # (fast imports nothing of measure/)
     from speculate import LOOKAHEAD, Settings, simsd_generate
     device, c, cost = drafter.embed.weight.device, target.config, cost_of(table) if table else None
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -175,7 +181,7 @@ def measure_draft(target, drafter, B, repeats=5, path=None, table=None, new_bloc
     def timed(sess, front, rule, s, ahead, stops, generator=None):
         sync()
         t0 = time.perf_counter()
-        d = draft(sess, front, rule, s, ahead, stops, generator)
+        d = draft_one_sync(sess, front, rule, s, ahead, stops, generator)
         sync()
         steps = min(s.draft_steps, front.n_masked + ahead * B)
         times.setdefault(ahead, []).append((time.perf_counter() - t0) / steps)
@@ -214,7 +220,6 @@ def measure_batch(model, B, repeats=5, cache_len=None):
     """A batched round as serve/batch.py runs one: ONE packed forward of N = 1, 4, 8, 16
     requests, each with one all-mask copy, or two, then each request's walk; the fastest of
     `repeats`, taken in turns. -> the table's "batch": requests, one_s, two_s."""
-    from fast import walk
     from serve.batch import Call, Pool, Slot
     device, mask_id = model.embed.weight.device, model.config.mask_token_id
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -235,7 +240,7 @@ def measure_batch(model, B, repeats=5, cache_len=None):
                 sync()
                 t0 = time.perf_counter()
                 for logits in pool.forward(calls):
-                    walk(logits[0], g, 0, rule)
+                    walk_one_sync(logits[0], g, 0, rule)
                 sync()
                 times[N, n].append(time.perf_counter() - t0)
     best = {k: min(x[1:]) for k, x in times.items()}
@@ -398,5 +403,6 @@ def cost_model(target_dir, model, B, table=None, batch=1):
     else:
         cost = load(table, model, B)
         words = f"cost table {table} ({cost.table.get('date')}{', stale' * bool(cost.stale)})"
-    shared = batch > 1 and cost is not None and "batch" in cost.table
-    return costs_in(cost, batch), words + f", a request's share in a batch of {batch}" * shared
+    if batch == 1 or cost is None or "batch" not in cost.table:
+        return cost, words
+    return costs_in(cost, batch), words + f", a request's share in a batch of {batch}"

@@ -75,8 +75,9 @@ def reach_check(reach, walked, least=20, within=1.5):
     """Summed reach against copies walked ({rank: total}, Counts' reach_by_rank and
     walked_by_rank), each rank with walked + reach >= least on its own, the others pooled as
     "rest" (checked when it has that mass). Why 20: a rank walked ~5 times is off by 1.5x by
-    chance alone (Spiffy's ranks 4-8 at B = 32, 80 test problems against 160 training ones). -> (the ratio reach / walked farthest from 1,
-    the groups beyond `within` either way); walked 0 or reach 0 is infinitely far."""
+    chance alone (Spiffy's ranks 4-8 at B = 32, 80 test problems against 160 training ones).
+    -> (the ratio reach / walked farthest from 1, the groups beyond `within` either way); walked 0
+    or reach 0 is infinitely far."""
     mass = {r: reach.get(r, 0) + walked.get(r, 0) for r in {*reach, *walked}}
     groups = {r: [r] for r in mass if mass[r] >= least}
     groups["rest"] = [r for r in mass if mass[r] < least]

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import bench
 import cli
+import compiling
 import fast
 import model as model_module
 import sample
@@ -45,19 +46,19 @@ def test_sample_eager_runs_the_kernel_asked_for_and_says_which(given, runs, caps
 
 @pytest.mark.parametrize("attention", ["flex", "sdpa"])
 def test_sample_compiled_is_checked_against_eager_on_the_same_kernel(attention, monkeypatch, capsys):
-    """--compile: the warm-up's check decodes compiled, then eager (cli.eager); the eager side
+    """--compile: the warm-up's check decodes compiled, then eager (compiling.eager); the eager side
     runs the kernel asked for, and in fp32 a differing token would have been an error. The plumbing
     is what is tested here, so dynamo traces with aot_eager (a cold inductor build of flex took 126 s
     of the suite); tests/test_inductor.py holds each kernel's compiled decoding to eager's under
     inductor."""
-    calls, eager = [], cli.eager
+    calls, eager = [], compiling.eager
     monkeypatch.setattr(fast, "compile_model", lambda m, how: fast.compile_dynamic(m, backend="aot_eager"))
 
     @contextmanager
     def eager_counted(*models):
         with eager(*models), kernels_counted(calls):
             yield
-    monkeypatch.setattr(cli, "eager", eager_counted)
+    monkeypatch.setattr(compiling, "eager", eager_counted)
     sample.main(**sample.parse_args(["--spec", "none", "--block-size", "4", "--max-new-tokens", "8",
                                      "--compile", "--attention", attention, "--json"]))
     assert last_json(capsys.readouterr().out)["attention"] == attention

@@ -1,6 +1,6 @@
 """Many prompts decoded together (serve/batch.py) write exactly what each writes alone.
 
-Every decoder the command lines compose (sample.prepare), at B = 4, 8 and 32, greedy and
+Every decoder the command lines compose (sample.load), at B = 4, 8 and 32, greedy and
 sampled, on prompts cut at random lengths, more prompts than slots: each request's tokens and
 counts equal its solo run's, request i seeded with seed + i. Each decoder's test also shows it
 exercised what matters (slots reused, rounds that took more than one step), so it cannot pass
@@ -15,13 +15,13 @@ import pytest
 import torch
 
 import sample
-from cli import DEFAULT_TARGET
 from conftest import make_model
 from decode import Session, packed_rows
 import fast
 import serve.batch
 from serve.batch import decode_all, rows_keep_their_bits
 from loading.checkpoint import PRESETS
+from measure import costs
 
 QA = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. How much does "
       "Max have now?\nAnswer: 4 * 4 = 16. 16 + 2 = 18. The answer is 18.\n\n")
@@ -47,11 +47,10 @@ def prompts(rng, tok, n):
     return out
 
 
-def prepared(spec, B, temperature, flags, strategy=None):
-    reference, verifier = flags.get("reference"), flags.get("verifier")
-    _, tok, rule, run, *_ = sample.prepare(spec, DEFAULT_TARGET, None, B, None, strategy, "cpu", None, False, None,
-                                           None, dict(temperature=temperature), None, verifier, reference)
-    return tok, run, {k: v for k, v in flags.items()}
+def prepared(spec, B, temperature, flags, strategy=None, batch=1):
+    """sample.py's decoder for `spec` and its flags, priced as a request of a batch of `batch`."""
+    dec, tok = sample.load(spec, block_size=B, temperature=temperature, strategy=strategy, batch=batch, **flags)
+    return tok, dec
 
 
 def multistep(stats):
@@ -73,12 +72,12 @@ def test_batched_equals_alone_for_every_decoder(name):
     sampled_at = rng.choice([8, 32])   # greedy and sampled at B = 4, one of each at 8 and 32
     for B, temperature in [(4, 0.0), (4, 0.8), (8, 0.8 * (sampled_at == 8)), (32, 0.8 * (sampled_at == 32))]:
         strategy = rng.choice([None, None, "low_confidence_static", "entropy_bounded"]) if spec == "none" else None
-        tok, run, kw = prepared(spec, B, temperature, flags, strategy)
+        tok, dec = prepared(spec, B, temperature, flags, strategy)
         slots, seed, n = rng.randint(1, 3), rng.randint(0, 99), rng.randint(4, 24)
         ps = prompts(rng, tok, slots + 1)
-        alone = [run(p, n, generator=torch.Generator().manual_seed(seed + i), **kw) for i, p in enumerate(ps)]
-        together, pools = decode_all(lambda i, p, t, d: run(p, n, t, d, generator=torch.Generator().manual_seed(
-            seed + i), **kw), ps, pools_of(run), slots)
+        alone = [dec(p, n, torch.Generator().manual_seed(seed + i)) for i, p in enumerate(ps)]
+        together, pools = decode_all(lambda i, p, t, d: dec(p, n, torch.Generator().manual_seed(seed + i),
+                                                            models=(t, d)), ps, dec.models, slots)
         for i, ((a, sa), (b, sb)) in enumerate(zip(alone, together)):
             assert a == b, f"{name} B={B} T={temperature} prompt {i} of {len(ps)}, {slots} slots"
             assert (sa["nfe"], sa["rows"], sa.get("nfe_draft")) == (sb["nfe"], sb["rows"], sb.get("nfe_draft"))
@@ -89,16 +88,45 @@ def test_batched_equals_alone_for_every_decoder(name):
     assert reused > 0 and (steps > 0 or spec == "none")
 
 
-def pools_of(run):
-    """The models a prepared run decodes with (its defaults: target, drafter or None)."""
-    return run.__defaults__[:2]
+def batch_priced_table(drafter_shape):
+    """A B = 8 cost model shaped like the AMD EPYC's tables, with a cheap drafter: alone, copies
+    nearly free; a request's share of a batched round of 8 makes each copy a quarter of a round."""
+    return costs.cost_of(dict(block_size=8, rows=[8, 16, 32, 64, 128], seconds=[4.5e-3, 4.5e-3, 4.9e-3, 6.0e-3, 7.8e-3],
+                              batch=dict(requests=[1, 4, 8], one_s=[5.2e-3, 6.9e-3, 9.0e-3], two_s=[5.2e-3, 7.9e-3, 11.3e-3]),
+                              draft=dict(model=drafter_shape, step_s=[2e-4] * 4, round_s=1e-4)))
+
+
+@needs_exact
+@pytest.mark.parametrize("name", ["simsd", "simsd-temporal", "spiffy"])
+def test_a_batched_request_is_its_solo_run_priced_at_the_batchs_share(name):
+    """A request of a batch of N is priced at its share of a batched round (costs.costs_in), so
+    its tokens and counts are those of its solo run priced at the same N (sample.load's batch=N).
+    Priced as a lone request (N = 1) it may buy other copies: the lossless decoders still write the same
+    tokens; on the temporal path the gate decides the text, so it may differ (reported here)."""
+    spec, flags = DECODERS[name]
+    table = batch_priced_table(costs.model_shape(sample.load("simsd")[0].drafter.config))
+    tok, at_8 = prepared(spec, 8, 0.0, dict(flags, cost_table=table), batch=8)
+    _, at_1 = prepared(spec, 8, 0.0, dict(flags, cost_table=table))
+    assert at_8.pricing.alone and not at_1.pricing.alone, "the batch's share must change the decision"
+    ps = prompts(random.Random(f"share-{name}"), tok, 10)
+    solo_8 = [at_8(p, 24, torch.Generator().manual_seed(i)) for i, p in enumerate(ps)]
+    together, _ = decode_all(lambda i, p, t, d: at_8(p, 24, torch.Generator().manual_seed(i), models=(t, d)),
+                             ps, at_8.models, 8)
+    for (a, sa), (b, sb) in zip(solo_8, together):
+        assert a == b and (sa["nfe"], sa["rows"], sa.get("nfe_draft")) == (sb["nfe"], sb["rows"], sb.get("nfe_draft"))
+    solo_1 = [at_1(p, 24, torch.Generator().manual_seed(i)) for i, p in enumerate(ps)]
+    same = sum(a == b for (a, _), (b, _) in zip(solo_1, together))
+    print(f"{name}: {same} of {len(ps)} requests write their tokens priced as a lone request")
+    assert same == len(ps) or name == "simsd-temporal"
+    counts = lambda runs: [(s["nfe"], s["rows"], s.get("nfe_draft")) for _, s in runs]   # noqa: E731
+    assert counts(solo_1) != counts(together)        # alone, it bought copies the batch did not
 
 
 def test_counts_repeat_exactly():
-    tok, run, kw = prepared("simsd", 4, 0.8, {})
+    tok, dec = prepared("simsd", 4, 0.8, {})
     ps = prompts(random.Random(1), tok, 5)
-    go = lambda: decode_all(lambda i, p, t, d: run(p, 16, t, d, generator=torch.Generator().manual_seed(i)),
-                            ps, pools_of(run), 3)
+    go = lambda: decode_all(lambda i, p, t, d: dec(p, 16, torch.Generator().manual_seed(i), models=(t, d)),
+                            ps, dec.models, 3)
     (a, pa), (b, pb) = go(), go()
     assert [x for x, _ in a] == [x for x, _ in b]
     assert [(p.forwards, p.query_rows) for p in pa] == [(p.forwards, p.query_rows) for p in pb]
@@ -169,8 +197,8 @@ def rows_independent(model, ps):
 
 @needs_exact
 def test_a_rows_logits_do_not_depend_on_the_other_rows():
-    tok, run, _ = prepared("none", 4, 0.0, {})
-    model = pools_of(run)[0]
+    tok, dec = prepared("none", 4, 0.0, {})
+    model = dec.target
     ps = prompts(random.Random(2), tok, 6)
     assert rows_independent(model, ps)
     moe = make_model(**{**PRESETS["tiny-moe"], "n_layer": 2}, seed=3)   # a mixture of experts too
@@ -225,9 +253,9 @@ def test_static_shapes_one_attention_call_sees_what_each_request_sees_alone(stat
     over every slot's keys, masked), on the embedded target and a mixture of experts: a query
     that saw another request's keys, or a padding row's, would be off by far more."""
     rng = random.Random(4)
-    tok, run, _ = prepared("none", 4, 0.0, {})
+    tok, dec = prepared("none", 4, 0.0, {})
     moe = make_model(**{**PRESETS["tiny-moe"], "n_layer": 2}, seed=3)
-    for model, ps in ((pools_of(run)[0], [p for p in prompts(rng, tok, 9) if len(p) >= 4][:5]),
+    for model, ps in ((dec.target, [p for p in prompts(rng, tok, 9) if len(p) >= 4][:5]),
                       (moe, [[rng.randrange(4, 97) for _ in range(rng.randint(5, 30))] for _ in range(5)])):
         alone = [logits_of(model, [p])[0] for p in ps]
         undo = static(model)
@@ -245,13 +273,12 @@ def test_static_shapes_batched_equals_alone(name, static):
     spec, flags = DECODERS[name]
     rng, buckets = random.Random(f"static-{name}"), Counter()
     for B, temperature in [(4, 0.0), (8, 0.8)]:
-        tok, run, kw = prepared(spec, B, temperature, flags)
+        tok, dec = prepared(spec, B, temperature, flags)
         ps, n = prompts(rng, tok, 3), rng.randint(8, 16)
         seeded = lambda i: torch.Generator().manual_seed(i)
-        alone = [run(p, n, generator=seeded(i), **kw) for i, p in enumerate(ps)]
-        undo = static(*pools_of(run))
-        together, pools = decode_all(lambda i, p, t, d: run(p, n, t, d, generator=seeded(i), **kw),
-                                     ps, pools_of(run), 2)
+        alone = [dec(p, n, seeded(i)) for i, p in enumerate(ps)]
+        undo = static(*dec.models)
+        together, pools = decode_all(lambda i, p, t, d: dec(p, n, seeded(i), models=(t, d)), ps, dec.models, 2)
         undo()
         assert [a for a, _ in alone] == [b for b, _ in together], f"{name} B={B} T={temperature}"
         buckets += pools[0].buckets

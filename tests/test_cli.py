@@ -3,6 +3,7 @@
 These use the embedded checkpoints in models/ (the ones the README's numbers come from); bad
 input through the tools themselves is tests/test_errors.py."""
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +14,11 @@ import torch
 import bench
 from loading import checkpoint
 import cli
+import decoder
 import fast
 from training import objective
 import sample
-from measure import reach, sol
+from measure import sol
 import train
 from conftest import ROOT, tiny_corpus
 from fixtures.record_greedy import FIXTURE, greedy
@@ -211,12 +213,12 @@ def test_bench_compile_drafter_adds_a_row_with_the_drafter_compiled(monkeypatch,
 
 
 def test_bench_exits_nonzero_when_a_lossless_method_differs(monkeypatch, capsys):
-    real = bench.spiffy_generate
+    real = decoder.spiffy_generate
 
     def broken(*args, **kw):
         out, stats = real(*args, **kw)
         return out[:-1] + [out[-1] + 1], stats
-    monkeypatch.setattr(bench, "spiffy_generate", broken)
+    monkeypatch.setattr(decoder, "spiffy_generate", broken)
     status = bench.main(**bench.parse_args(["--quick", "--methods", "plain,spiffy"]))
     assert status == 1 and not last_json(capsys.readouterr().out)["lossless_ok"]
 
@@ -410,9 +412,21 @@ def test_a_sweep_gives_rows_only_to_the_methods_that_read_its_setting(capsys):
     so, for a method that drafts without gamma (its counts were the same at every gamma)."""
     target = Transformer(ModelConfig(**PRESETS["tiny"]))
     plan = bench.plan_runs(["simsd-lossless", "simsd-trajectory"], (4, 8), target, target, None,
-                           "gamma", (), None, None, {4: (None, ""), 8: (None, "")}, {4: None, 8: None},
-                           reach.finder(ROOT / "no-tables-here", []))   # no reach tables: raw reach
+                           "gamma", (), None, None, ROOT / "no-tables-here", dict(table="none"))   # no tables
     assert sorted(name for name, B in plan if B == 4) == [
         "simsd-lossless(gamma=1)", "simsd-lossless(gamma=2)", "simsd-lossless(gamma=4)",
         "simsd-trajectory"]
     assert capsys.readouterr().out == "--sweep gamma: simsd-trajectory does not read it (one row)\n"
+
+
+def test_every_command_line_the_readme_table_names_is_accepted():
+    """Each row of the README's results table named by sample.py's flags (`--spec simsd`,
+    `--verify temporal --accept paper`) is a command line sample.py accepts."""
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| `(--[^`]+)`", readme.split("## Results", 1)[1].split("\n## ", 1)[0], re.M)
+    assert len(rows) >= 3
+    for flags in rows:
+        argv = ([] if flags.startswith("--spec") else ["--spec", "simsd"]) + flags.split()
+        args = sample.parse_args(argv)
+        cli.check_flags(args["spec"], "cpu", None, None, 8, None, *cli.split_flags(
+            {k: v for k, v in args.items() if k in {*cli.RULE_FLAGS, *cli.METHOD_FLAGS}}))

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from cli import RecompileLimitHits
+from compiling import RecompileLimitHits
 from conftest import make_model
 import fast
 from decode import DecodeRule, generate

@@ -14,6 +14,7 @@
 
 Run: python -m pytest tests/test_costs.py -q
 """
+import ast
 import bisect
 import json
 import subprocess
@@ -267,8 +268,8 @@ def test_a_table_from_before_rows_is_read_as_before_and_called_stale(tmp_path):
 
 
 def test_the_code_hash_follows_the_code_not_its_words(tmp_path, monkeypatch):
-    """A comment or a docstring edited leaves the hash (and the tables) as they were; a changed
-    constant does not."""
+    """A comment or a docstring edited, or a function moved to another file the hash reads, leaves
+    the hash (and the tables) as they were; a changed constant or a renamed function does not."""
     was = costs.code_hash()
     for name in costs.CODE:
         (tmp_path / name).write_text((ROOT / name).read_text())
@@ -278,7 +279,16 @@ def test_the_code_hash_follows_the_code_not_its_words(tmp_path, monkeypatch):
     text = fast.read_text()
     fast.write_text(text.replace('"""Speed devices', '"""The speed devices', 1) + "# a comment\n")
     assert costs.code_hash() == was
+    speculate = tmp_path / "speculate.py"                                  # a function moved
+    moved = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == "pays")
+    lines, before = text.splitlines(keepends=True), speculate.read_text()
+    fast.write_text("".join(lines[:moved.lineno - 1] + lines[moved.end_lineno:]))
+    speculate.write_text(before + "\n\n" + "".join(lines[moved.lineno - 1:moved.end_lineno]))
+    assert costs.code_hash() == was
+    speculate.write_text(before)
     fast.write_text(text.replace("MARGIN = 1.1", "MARGIN = 1.2", 1))
+    assert costs.code_hash() != was
+    fast.write_text(text.replace("def pays(", "def worth_it(", 1))                # renamed
     assert costs.code_hash() != was
 
 

@@ -22,7 +22,7 @@ their forwards and lost the fused rows of their kept blocks.
 
 Re-recorded 2026-12-06: the drafter's random stream is seeded afresh each round (from the
 run's seed and the round's index), so speculate.draft, which stops when the drafter does, and
-fast.draft, which runs its fixed number of forwards, write the same text. 16 runs moved, all
+speculate.draft_one_sync, which runs its fixed number of forwards, write the same text. 16 runs moved, all
 sampled SimSD runs (13 paper, gated or temporal runs, 12 of them in tokens; 3 lossless runs in
 counts only); no greedy run and no lossless token moved (tests/test_fast.py, whole decodes
 of both drafter forms).
@@ -50,7 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import make_model  # noqa: E402
-import fast  # noqa: E402
+import speculate  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
 from loading.checkpoint import PRESETS  # noqa: E402
 from variants import simsd as simsd_generate  # noqa: E402
@@ -107,7 +107,7 @@ def run(s):
         verifier = "temporal" if accept == "temporal" else "copies"
         out, st = simsd_generate(target, drafter, s["prompt"], s["max_new"], rule, verifier=verifier,
                                  acceptance="paper" if verifier == "temporal" else accept,
-                                 lookahead=s["lookahead"], draft=fast.draft, **kw)
+                                 lookahead=s["lookahead"], draft=speculate.draft_one_sync, **kw)
     counts = {k: st[k] for k in KEYS if k in st}
     return out, json.loads(json.dumps(counts))    # (int keys of dicts as JSON has them)
 

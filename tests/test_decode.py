@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from loading import checkpoint
-import fast
+import verify
 from decode import STRATEGIES, DecodeRule, generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,7 +176,7 @@ def test_packed_logits_step_as_every_positions_logits_do(strategy, temperature):
             full = rule(logits[b], states[b], 1, torch.Generator().manual_seed(seed))
             packed = rule(logits[b][states[b] == MASK], states[b], 1, torch.Generator().manual_seed(seed))
             assert torch.equal(packed, full) and (full != states[b]).any()
-        if fast.greedy_fixed_quota(rule):
+        if verify.greedy_fixed_quota(rule):
             assert torch.equal(rule(logits[states == MASK], states, 1), rule(logits, states, 1))
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import fast
 import speculate
 import verify
 from decode import DecodeRule, Frontier
@@ -47,7 +46,7 @@ def test_one_copy_a_drafter_step_leaves_out_the_states_inside_a_step():
     assert steps.after == [-1, -1, 1, 1] and verify.next_copies(steps) == [0, 2, 2, None]
 
 
-@pytest.mark.parametrize("walk", [verify.walk, fast.walk], ids=["verify", "fast"])
+@pytest.mark.parametrize("walk", [verify.walk, verify.walk_one_sync], ids=["verify", "fast"])
 def test_the_walk_goes_where_the_drawing_says(walk):
     """Logits that make the threshold rule reveal a b from copy 0 and c d from copy 3: the walk
     finishes block 0 at copy 2, goes on from copy 3, and ends at c d (copy 5: nothing after)."""

@@ -1,7 +1,7 @@
 """The speed devices (fast.py) against the core they wrap, on tiny random models, CPU, fp32:
 the same tokens and the same forwards, query rows and stats, with fewer host syncs.
 
-- fast.walk (one host sync a round for a rule that draws nothing) in Spiffy and SimSD,
+- verify.walk_one_sync (one host sync a round for a rule that draws nothing) in Spiffy and SimSD,
   greedy and sampled, every strategy, across the block boundary;
 - fast.static_shapes (the code compile_static compiles, run uncompiled: queries padded to a
   power of two of rows) for plain decoding, SimSD (copies and temporal) and Spiffy.
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import fast
+import verify
 from conftest import make_model
 from decode import DecodeRule, Frontier, Session, generate
 from model import Transformer
@@ -57,7 +58,7 @@ def test_the_one_sync_walk_changes_no_token_and_no_count(rule_name, temperature,
         for run in (lambda **kw: spiffy_generate(target, prompt(n), 32, rule, graph, eos_id=NO_EOS, **kw),
                     lambda **kw: variants.simsd(target, drafter, prompt(n), 32, rule, eos_id=NO_EOS, **kw)):
             runs = []
-            for walk in (None, fast.walk):
+            for walk in (None, verify.walk_one_sync):
                 with SyncCounter(monkeypatch) as syncs:
                     out, st = run(generator=torch.Generator().manual_seed(n),
                                   **({} if walk is None else dict(walk=walk)))
@@ -66,12 +67,12 @@ def test_the_one_sync_walk_changes_no_token_and_no_count(rule_name, temperature,
             assert quick == core and quick_counts == core_counts
             assert quick_syncs <= core_syncs
             fewer += quick_syncs < core_syncs
-    assert fewer or not fast.greedy_fixed_quota(rule), "vacuous: the one-sync walk saved no sync"
+    assert fewer or not verify.greedy_fixed_quota(rule), "vacuous: the one-sync walk saved no sync"
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_the_one_sync_draft_drafts_what_the_drafters_loop_drafts(temperature):
-    """fast.draft == speculate.draft, call by call: the same positions, tokens, step labels,
+    """speculate.draft_one_sync == speculate.draft, call by call: the same positions, tokens, step labels,
     p_draft and reach, from open blocks with known positions or not, with blocks ahead or not,
     and every way the drafter stops (its steps, gamma, draft_stop, a stop id). The loop runs a
     forward a drafting step; the device form min(steps, masks in the window)."""
@@ -86,7 +87,7 @@ def test_the_one_sync_draft_drafts_what_the_drafters_loop_drafts(temperature):
                 (12, None, None, 12, False), (3, 1e-9, None, 12, False), (12, 0.02, None, 5, False),
                 (12, None, 0.5, 12, False), (12, None, None, 12, True), (2, None, None, 12, False))):
             drafts = []
-            for draft in speculate.draft, fast.draft:
+            for draft in speculate.draft, speculate.draft_one_sync:
                 sess = Session(drafter, B, 64)
                 sess.prefill(torch.tensor(prompt(8)))
                 stops = frozenset(first.tokens[:1] if stop_id else ())   # case 0's first draft
@@ -106,7 +107,7 @@ def test_the_one_sync_draft_drafts_what_the_drafters_loop_drafts(temperature):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_the_one_sync_draft_writes_what_the_drafters_loop_writes(temperature):
-    """Whole decodes, the command lines' fast.draft against speculate.draft: the same tokens and
+    """Whole decodes, the command lines' speculate.draft_one_sync against speculate.draft: the same tokens and
     target counts on every path, sampled ones too (the drafter's stream is seeded afresh each
     round, so a round the loop ends early leaves the next round's draws alone); the loop runs
     fewer drafter forwards."""
@@ -119,7 +120,7 @@ def test_the_one_sync_draft_writes_what_the_drafters_loop_writes(temperature):
     for n, path in itertools.product((3, 9, 14), paths):
         runs = [variants.simsd(target, drafter, prompt(n), 24, rule, eos_id=NO_EOS, draft=draft,
                                generator=torch.Generator().manual_seed(n), **path)
-                for draft in (speculate.draft, fast.draft)]
+                for draft in (speculate.draft, speculate.draft_one_sync)]
         (loop, loop_stats), (device, device_stats) = runs
         assert loop == device and {k: v for k, v in counts(loop_stats).items() if "draft" not in k} \
             == {k: v for k, v in counts(device_stats).items() if "draft" not in k}, (n, path)

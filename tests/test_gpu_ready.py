@@ -22,7 +22,8 @@ import decode
 import mask as masks
 from conftest import ROOT, make_model
 import fast
-from cli import MAX_BUCKET
+from measure.pricing import GPU_ROWS, MAX_BUCKET, default_rows
+import compiling
 from decode import DecodeRule, Session, generate
 from model import ModelConfig, Transformer, flex_kernel_options
 from loading.checkpoint import PRESETS
@@ -130,7 +131,7 @@ def prompt(n):
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_capped_rows_keep_the_tokens_and_fit_the_largest_bucket(static, monkeypatch):
-    """A row cap on a verification's copies (fast.cutter; a GPU's default: cli.max_rows); the output stays
+    """A row cap on a verification's copies (fast.cutter; a GPU's default: pricing.default_rows); the output stays
     plain decoding's, every forward fits, and fewer rows are verified."""
     target, drafter = make_model(block_size=B), make_model(n_layer=1, block_size=B, seed=5)
     if static:
@@ -159,15 +160,15 @@ def test_capped_rows_keep_the_tokens_and_fit_the_largest_bucket(static, monkeypa
 
 def test_the_gpu_default_cap_fits_the_largest_bucket():
     for B_ in (4, 8, 32):
-        rows = cli.max_rows(None, "cpu", "static", B_)
-        assert rows + B_ <= MAX_BUCKET * B_ and rows <= cli.GPU_ROWS
-    assert cli.max_rows(None, "cpu", "auto", 4) is None and cli.max_rows(12, "cpu", None, 4) == 12
+        rows = default_rows(None, "cpu", "static", B_)
+        assert rows + B_ <= MAX_BUCKET * B_ and rows <= GPU_ROWS
+    assert default_rows(None, "cpu", "auto", 4) is None and default_rows(12, "cpu", None, 4) == 12
 
 
 @pytest.mark.parametrize("block_size", [4, 8, 32])
 def test_no_graph_is_compiled_after_the_warm_up(block_size):
     """The CPU's compiled path (dynamic shapes; the "eager" backend runs dynamo's capture and
-    guards, where recompiles come from): after cli.warm_up (the shortest and the longest
+    guards, where recompiles come from): after compiling.warm_up (the shortest and the longest
     prompt), prompts of every other length compile nothing, for each decoder. (It failed while
     the masks captured views of one tensor, and while views reached the compiled forward:
     a guard on a view's base, or two sizes equal by chance, made new graphs later.)"""
@@ -184,7 +185,7 @@ def test_no_graph_is_compiled_after_the_warm_up(block_size):
             lambda ids, k: simsd_generate(target, drafter, ids, k, rule, eos_id=-1),
             lambda ids, k: spiffy_generate(target, ids, k, rule, graph, eos_id=-1)]
     prompts = [prompt(k) for k in (2, 3, 7, 9, 13, 17, 22, 31, 40, 41)]
-    cli.warm_up(runs, prompts, n, block_size, target, drafter)
+    compiling.warm_up(runs, prompts, n, block_size, target, drafter)
     graphs = counters["stats"]["unique_graphs"]
     for ids in prompts:
         for run in runs:

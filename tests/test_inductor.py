@@ -58,7 +58,7 @@ def compiled_writes_eager_tokens(setting, attn, shapes):
     for m in models:
         m.attn_impl = attn
         (fast.compile_static if shapes == "static" else fast.compile_dynamic)(m, backend="inductor")
-        m.setup_cache(CACHE_ROWS)   # once, as cli.warm_up does: a cache that grows is a new graph
+        m.setup_cache(CACHE_ROWS)   # once, as compiling.warm_up does: a cache that grows is a new graph
         stale_garbage(m)
     for B, (rule, graph, eager) in per_size.items():
         for name, run in decoders(*models, rule, graph, 2 * B).items():

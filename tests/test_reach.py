@@ -12,6 +12,8 @@ import torch
 
 import cli
 import fast
+import speculate
+import verify
 from measure import costs, reach
 from measure.counts import counting, reach_check
 from measure.graphs import graph_path, load_graph
@@ -93,9 +95,9 @@ def by_rank(method, B, embedded, table="shipped", times=1):
     for ids in prompts[:PROBLEMS if method == "spiffy" and B == 32 else PROBLEMS // 8]:
         if method == "spiffy":
             g = load_graph(graph_path(TARGET, rule), rule)
-            _, st = counting(spiffy_generate)(target, ids, 64, rule, graph=g, walk=fast.walk, cut=cut)
+            _, st = counting(spiffy_generate)(target, ids, 64, rule, graph=g, walk=verify.walk_one_sync, cut=cut)
         else:
-            _, st = simsd(target, drafter, ids, 64, rule, draft=fast.draft, walk=fast.walk, cut=cut)
+            _, st = simsd(target, drafter, ids, 64, rule, draft=speculate.draft_one_sync, walk=verify.walk_one_sync, cut=cut)
         for r, x in st["reach_by_rank"].items():
             got[r] = got.get(r, 0.0) + x
         for r, x in st["walked_by_rank"].items():

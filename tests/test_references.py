@@ -7,7 +7,7 @@
 - the paper's temporal path with either source: on a one-layer target (where the temporal
   verifier is exact) every token greedy acceptance commits is the target's argmax at its
   position in the state before it, by an independent, uncached forward;
-- the lookup itself (most recent match, longest n first, no match) and its drafts (a known
+- the lookup itself (the most recent match of exactly n tokens, no match) and its drafts (a known
   token that disagrees ends them; a block holding a stop id is not gone past);
 - no drafter is loaded for a drafter-free reference.
 

@@ -24,7 +24,6 @@ import torch
 import mask
 import variants
 
-import fast
 import speculate
 from decode import DecodeRule, Frontier, Session, generate
 from loading.checkpoint import PRESETS
@@ -677,18 +676,18 @@ def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
 def test_the_drafter_drafts_several_a_step_and_stops_when_unsure(tiny_model):
     """One token a step, or every one above draft_threshold at once, never past gamma, none
     once its best confidence left is below draft_stop: a drafter forward a drafting step
-    (fast.draft, every decision on the device: a fixed number, `steps`)."""
+    (speculate.draft_one_sync, every decision on the device: a fixed number, `steps`)."""
     B = 8
     drafter = tiny_model(n_layer=1, block_size=B, seed=3)
     rule, front = DecodeRule(MASK_ID, B), front_of(torch.full((B,), MASK_ID), torch.arange(B))
     for (steps, threshold, stop, gamma, drafted, last_tau), draft in itertools.product((
             (B, None, None, B, B, B), (B, 1e-9, None, B, B, 1), (2, 1e-9, None, 3, 3, 1),
-            (B, None, 1.0, B, 1, 1), (3, None, None, B, 3, 3)), (speculate.draft, fast.draft)):
+            (B, None, 1.0, B, 1, 1), (3, None, None, B, 3, 3)), (speculate.draft, speculate.draft_one_sync)):
         sess = Session(drafter, B, 4 * B)
         settings = speculate.Settings(gamma=gamma, draft_steps=steps, draft_threshold=threshold,
                                       draft_stop=stop)
         d = draft(sess, front, rule, settings, 0, frozenset())
-        forwards = steps if draft is fast.draft else last_tau
+        forwards = steps if draft is speculate.draft_one_sync else last_tau
         assert (sess.nfe, len(d.pos), d.tau[-1]) == (forwards, drafted, last_tau), steps
         assert d.tau == sorted(d.tau) and len(set(d.pos)) == drafted
         # reach: the product of p_draft(d_i) over the drafts so far (the odds of reaching each)

@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 
-import fast
+import verify
 import spiffy
 from conftest import make_model
 from decode import DecodeRule, generate, to_host
@@ -182,18 +182,18 @@ def test_spiffy_without_drafts_is_plain_decoding_at_the_same_cost(graph, fuse_co
 
 
 def test_a_walk_that_accepts_a_wrong_node_is_caught(monkeypatch):
-    """The lossless check has teeth: let the walk (fast.walk's) accept any node that reveals as
+    """The lossless check has teeth: let the walk (verify.walk_one_sync's) accept any node that reveals as
     many tokens as the rule's new state (a broken state comparison), and plain decoding's
     tokens are lost."""
     B = 8
     model, rule, graph = calibrated(B, "static")
     cases = prompts(B, n=6)
-    one_sync = functools.partial(spiffy_generate, graph=graph, walk=fast.walk)
+    one_sync = functools.partial(spiffy_generate, graph=graph, walk=verify.walk_one_sync)
     assert_lossless(one_sync, model, rule, cases, 24)                  # intact: lossless
 
     def same_reveal_count(copies, state):
         return (copies != MASK_ID).sum(-1) == (state != MASK_ID).sum(-1)
-    monkeypatch.setattr(fast, "same_state", same_reveal_count)
+    monkeypatch.setattr(verify, "same_state", same_reveal_count)
     with pytest.raises(AssertionError, match="differs from plain decoding"):
         assert_lossless(one_sync, model, rule, cases, 24)
 

@@ -1,5 +1,5 @@
 """Host syncs: one per target forward in plain, threshold and Spiffy decoding (Spiffy with a
-greedy rule with a fixed quota, fast.greedy_fixed_quota; a sampled walk syncs once a step). A sync makes the host wait for the GPU's queue to
+greedy rule with a fixed quota, verify.greedy_fixed_quota; a sampled walk syncs once a step). A sync makes the host wait for the GPU's queue to
 drain; the decoders make theirs through decode.to_host, and none anywhere else.
 
 On the CPU nothing waits, so the test counts what would sync on a GPU: a tensor read as a
@@ -32,7 +32,7 @@ SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.equal.d
             aten.is_nonzero.default}
 # the decoding modules; those that call to_host import it by name, and each such name is patched
 DECODERS = [m for m in (decode, fast, verify, speculate, spiffy) if hasattr(m, "to_host")]
-assert {decode, verify, speculate, fast} <= set(DECODERS)
+assert {decode, verify, speculate} <= set(DECODERS)
 RULES = {"static": dict(strategy="low_confidence_static"),
          "threshold": dict(strategy="low_confidence_dynamic", threshold=0.6)}
 
@@ -81,7 +81,7 @@ def prompts():
 @pytest.mark.parametrize("method", ["plain", "spiffy"])
 def test_one_host_sync_per_decoding_forward(method, rule_name, monkeypatch):
     """Every forward but the prompt's prefill decodes, and each makes exactly one sync (Spiffy
-    with fast.walk; verify.walk syncs once a step)."""
+    with verify.walk_one_sync; verify.walk syncs once a step)."""
     model = make_model(block_size=B)
     rule = DecodeRule(MASK_ID, B, **RULES[rule_name])
     graph = calibrate(model, prompts(), rule, 16, budget=8) if method == "spiffy" else None
@@ -91,7 +91,7 @@ def test_one_host_sync_per_decoding_forward(method, rule_name, monkeypatch):
             if method == "plain":
                 _, stats = generate(model, p, 24, rule, eos_id=NO_EOS)
             else:
-                _, stats = spiffy_generate(model, p, 24, rule, graph, eos_id=NO_EOS, walk=fast.walk)
+                _, stats = spiffy_generate(model, p, 24, rule, graph, eos_id=NO_EOS, walk=verify.walk_one_sync)
         prefill = int(len(p) >= B)
         assert syncs.count == stats["nfe"] - prefill
         walked = max(walked, *stats.get("steps_per_forward", [1]))
@@ -106,13 +106,13 @@ def test_sampled_spiffy_syncs_once_a_walk_step(monkeypatch):
     graph = calibrate(model, prompts(), rule, 16, budget=8)
     for p in prompts():
         with SyncCounter(monkeypatch) as syncs:
-            stats = spiffy_generate(model, p, 24, rule, graph, eos_id=NO_EOS, walk=fast.walk,
+            stats = spiffy_generate(model, p, 24, rule, graph, eos_id=NO_EOS, walk=verify.walk_one_sync,
                                     generator=torch.Generator().manual_seed(0))[1]
         assert syncs.count == sum(k * n for k, n in stats["steps_per_forward"].items())
 
 
 def test_simsd_syncs_once_a_draft_and_once_a_walk(monkeypatch):
-    """SimSD with its drafter, greedy threshold rule, fast.draft and fast.walk: every sync goes through
+    """SimSD with its drafter, greedy threshold rule, speculate.draft_one_sync and verify.walk_one_sync: every sync goes through
     to_host (the stats count them all), ONE a drafting round (the draft read back: which
     positions, how many, when to stop and whether to go on past the block stay on the device)
     and one a target forward (the walk): two a target forward."""
@@ -122,10 +122,10 @@ def test_simsd_syncs_once_a_draft_and_once_a_walk(monkeypatch):
 
     def counted(*args, **kw):
         before = syncs.count
-        d = fast.draft(*args, **kw)
+        d = speculate.draft_one_sync(*args, **kw)
         per_draft.append(syncs.count - before)
         return d
-    settings = speculate.Settings(draft_steps=3, draft=counted, walk=fast.walk)
+    settings = speculate.Settings(draft_steps=3, draft=counted, walk=verify.walk_one_sync)
     for p in prompts():
         syncs.count = 0
         with syncs:

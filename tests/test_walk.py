@@ -3,10 +3,10 @@
 - verify.walk, plain decoding's loop (any rule), against a reference written here the
   obvious way (a dict from each verified state to its logits): the same path, the same random
   draws (greedy and seeded sampling);
-- fast.walk, the fast path for a greedy rule with a fixed quota (every copy stepped in one call), against
+- verify.walk_one_sync, the fast path for a greedy rule with a fixed quota (every copy stepped in one call), against
   verify.walk: the same path, logits and host results, with Spiffy's ranks as `extra`;
 - walk dispatches to the one that applies;
-- host syncs (tests/test_syncs.py's counter): fast.walk makes ONE, verify.walk one a step.
+- host syncs (tests/test_syncs.py's counter): verify.walk_one_sync makes ONE, verify.walk one a step.
 
 A random round: copies[0] a block with random known positions; a chain of states that the
 rule itself reaches (each copy stepped on its own random logits, with the random stream the
@@ -21,7 +21,6 @@ import random
 import pytest
 import torch
 
-import fast
 import verify
 from decode import DecodeRule
 from loading.checkpoint import PRESETS
@@ -137,12 +136,12 @@ def test_the_stepwise_walk_is_plain_decoding_through_the_verified_states(rule_kw
 @pytest.mark.parametrize("rule_kw", list(STATELESS.values()), ids=list(STATELESS))
 def test_the_batched_walk_takes_the_stepwise_walks_path(rule_kw):
     rule, lengths = make_rule(rule_kw), []
-    assert fast.greedy_fixed_quota(rule)
+    assert verify.greedy_fixed_quota(rule)
     for seed in SEEDS:
         logits, copies, counts, step = random_round(rule, seed)
         for extra in (verify.no_extra, with_ranks(rule)):
             g = verify.Guesses(copies, counts)
-            batched_w = fast.walk(logits, g, step, rule, None, extra)
+            batched_w = verify.walk_one_sync(logits, g, step, rule, None, extra)
             slow_w = verify.walk(logits, g, step, rule, None, extra)
             quick, slow = batched_w.path, slow_w.path
             assert len(quick) == len(slow), seed
@@ -165,7 +164,7 @@ def walk_result(w):
 @pytest.mark.parametrize("rule_kw", list(STATEFUL.values()), ids=list(STATEFUL))
 def test_walk_steps_a_stateful_rule_one_step_at_a_time(rule_kw):
     rule = make_rule(rule_kw)
-    assert not fast.greedy_fixed_quota(rule)
+    assert not verify.greedy_fixed_quota(rule)
     for seed in SEEDS[:4]:
         logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
         g = verify.Guesses(copies, counts)
@@ -181,10 +180,10 @@ def test_the_batched_walk_syncs_once_and_the_stepwise_walk_once_a_step(rule_kw, 
     for seed in SEEDS:
         logits, copies, counts, step = random_round(rule, seed, draw_seed=1000 + seed)
         extra, g = with_ranks(rule), verify.Guesses(copies, counts)
-        if fast.greedy_fixed_quota(rule):
+        if verify.greedy_fixed_quota(rule):
             syncs.count = 0
             with syncs:
-                fast.walk(logits, g, step, rule, None, extra)
+                verify.walk_one_sync(logits, g, step, rule, None, extra)
             assert syncs.count == 1, seed
         syncs.count = 0
         with syncs:
@@ -192,8 +191,8 @@ def test_the_batched_walk_syncs_once_and_the_stepwise_walk_once_a_step(rule_kw, 
         assert syncs.count == len(path), seed
         syncs.count = 0
         with syncs:
-            fast.walk(logits, g, step, rule, seeded(seed), extra)
-        assert syncs.count == (1 if fast.greedy_fixed_quota(rule) else len(path)), seed
+            verify.walk_one_sync(logits, g, step, rule, seeded(seed), extra)
+        assert syncs.count == (1 if verify.greedy_fixed_quota(rule) else len(path)), seed
         lengths.append(len(path))
     assert max(lengths) >= 3, f"vacuous: walk lengths {lengths}"
 
@@ -283,8 +282,8 @@ def test_the_walk_across_blocks_is_plain_decoding_through_the_verified_states(ru
         assert [new.tolist() for _, new in path] == expected and state == expected[-1], seed
         assert crossed == ref_crossed and w.ranks == [], seed
         assert torch.equal(gen.get_state(), ref_gen.get_state()), "not plain decoding's draws"
-        if fast.greedy_fixed_quota(rule):
-            batched_w = fast.walk(logits, g, step, rule)
+        if verify.greedy_fixed_quota(rule):
+            batched_w = verify.walk_one_sync(logits, g, step, rule)
             quick, fast_state, fast_crossed = batched_w.path, batched_w.host, batched_w.crossed
             assert [new.tolist() for _, new in quick] == expected and fast_crossed == crossed, seed
             assert fast_state == state and batched_w.visited == w.visited, seed

@@ -119,25 +119,21 @@ class SDARSpec(LM):
         flags = dict(drafter=a["drafter"], gamma=a["gamma"], verifier=a["verify"], acceptance=a["accept"],
                      gate=a["gate"], draft_threshold=a["draft_threshold"], draft_stop=a["draft_stop"],
                      lookahead=a["lookahead"], draft_budget=a["draft_budget"], reference=a["reference"],
-                     lookup_n=a["lookup_n"])
-        sample.check_args(a["spec"], a["device"], a["block_size"], a["max_new_tokens"], a["threshold"],
-                          a["temperature"], a["top_k"], a["top_p"], a["eb_threshold"], a["graph"], flags)
+                     lookup_n=a["lookup_n"], **{k: a[k] for k in cli.RULE_FLAGS})
+        cli.check_flags(a["spec"], a["device"], a["dtype"], a["block_size"], a["max_new_tokens"], a["graph"],
+                        *cli.split_flags(flags))
         self._device, self.chat, self.seed = a["device"], a["chat"], a["seed"]
         self.max_new_tokens = a["max_new_tokens"]
-        self.model, self.tok, self.rule, run, _, warm, _ = sample.prepare(
-            a["spec"], a["target"], flags.pop("drafter"), a["block_size"], a["threshold"], a["strategy"],
-            a["device"], a["dtype"], a["compile"], a["stop_ids"], a["graph"],
-            dict(temperature=a["temperature"], top_k=a["top_k"], top_p=a["top_p"], eb_threshold=a["eb_threshold"]),
-            None, flags["verifier"], flags["reference"],
-            attention=cli.attention(a["attention"], a["device"], a["compile"]), acceptance=flags["acceptance"],
-            batch=self.batch_size)
+        self.decoder, self.tok = sample.load(
+            a["spec"], a["target"], device=a["device"], dtype=a["dtype"], stop_ids=a["stop_ids"],
+            block_size=a["block_size"], graph=a["graph"], compile=a["compile"], attention=a["attention"],
+            batch=self.batch_size, **flags)
+        self.model, self.rule, self.models = self.decoder.target, self.decoder.rule, self.decoder.models
         if self.chat:   # a tokenizer with no chat format fails now, not at the first request
             self.tok.apply_chat_template("")
             if self.tok.chat_template is None:
                 print(f"note: {a['target']} has no chat_template; the prompts are in ChatML",
                       file=sys.stderr)
-        kw = {k: v for k, v in flags.items() if v is not None}
-        self.decode, self.models = lambda ids, n, **more: run(ids, n, **kw, **more), (warm["target"], warm["drafter"])
 
     def generate_until(self, requests, disable_tqdm=False):
         """Every request, batch_size at a time (serve/batch.py), request i in lm-eval's order from
@@ -179,9 +175,13 @@ class SDARSpec(LM):
             return any(u in self.tok.decode(so_far) for u in until)
 
         gen = torch.Generator(device=self._device).manual_seed(self.seed + index)
-        out, _ = self.decode(ids, n, t=target, d=drafter, rule=rule, generator=gen, on_block=on_block if until else None)
+        out, _ = self.decode(ids, n, rule, gen, on_block if until else None, (target, drafter))
         text = self.tok.decode(out)
         return text[:min((text.find(u) for u in until if u in text), default=len(text))]
+
+    def decode(self, ids, n, rule, generator, on_block, models):
+        """The decoder on one request, under the request's own rule (priced as the model_args' rule)."""
+        return dataclasses.replace(self.decoder, rule=rule)(ids, n, generator, on_block, models=models)
 
     def loglikelihood(self, requests, disable_tqdm=False):
         raise NotImplementedError(GENERATION_ONLY)

@@ -17,7 +17,8 @@ sys.path.insert(0, str(ROOT))
 import json  # noqa: E402
 
 import cli  # noqa: E402
-import fast  # noqa: E402
+import speculate  # noqa: E402
+import verify  # noqa: E402
 from decode import generate  # noqa: E402
 from loading import util  # noqa: E402
 from measure import reach  # noqa: E402
@@ -40,11 +41,11 @@ def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=Non
     temporal, tokens, alone = method.endswith("-temporal"), 0, [0, 0]   # alone: (tokens, rounds)
     for ids in prompts:
         if method == "spiffy":
-            _, st = counting(spiffy_generate)(target, ids, max_new_tokens, rule, graph=graph, walk=fast.walk)
+            _, st = counting(spiffy_generate)(target, ids, max_new_tokens, rule, graph=graph, walk=verify.walk_one_sync)
         else:
             ref = method.removeprefix("simsd").removesuffix("-temporal").removeprefix("-") or "drafter"
             _, st = simsd(target, drafter if ref == "drafter" else None, ids, max_new_tokens, rule,
-                          reference=ref, draft=fast.draft, walk=fast.walk,
+                          reference=ref, draft=speculate.draft_one_sync, walk=verify.walk_one_sync,
                           **dict(verifier="temporal", acceptance="paper") if temporal else {})
         for r, x in st["reach_by_rank"].items():
             reach_by[r] = reach_by.get(r, 0.0) + x

@@ -44,7 +44,7 @@ class Decoder:
         decode with instead of this decoder's own (serve/batch.py's stand-ins, which share
         their forwards among requests)."""
         target, drafter = models or self.models
-        if not self.plain:
+        if not self.rule_only:
             return self.speculate(target, drafter, ids, max_new_tokens, generator, on_block)
         own = self.settings if self.method == "none" else {}   # (SimSD's or Spiffy's: not generate's)
         return generate(target, ids, max_new_tokens, self.rule, generator=generator, on_block=on_block, **own)
@@ -65,20 +65,20 @@ class Decoder:
         return out, dict(stats, reference="drafter")
 
     @property
-    def plain(self):
+    def rule_only(self):
         """Whether this decodes with the rule alone (plain decoding, or priced so)."""
         return self.method == "none" or self.pricing is not None and self.pricing.alone
 
     @property
     def models(self):
         """(target, drafter or None): the models its forwards run."""
-        return self.target, None if self.plain else self.drafter
+        return self.target, None if self.rule_only else self.drafter
 
     @property
     def max_blocks(self):
         """The most blocks of queries one target forward carries (a compiled warm-up's)."""
-        if self.plain or self.settings.get("verifier") == "temporal":
-            return 2 if self.plain else 3
+        if self.rule_only or self.settings.get("verifier") == "temporal":
+            return 2 if self.rule_only else 3
         rows = self.pricing and self.pricing.max_rows
         return MAX_BUCKET if rows is None else min(MAX_BUCKET, 1 + rows // self.rule.block_size)
 

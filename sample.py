@@ -97,7 +97,7 @@ def summary(dec, stats, load_s):
 
 def speculated(dec, stats):
     """The summary's part for SimSD (its drafter, its rounds) or Spiffy (steps a forward)."""
-    if dec.plain:
+    if dec.rule_only:
         return ""
     if dec.method == "spiffy":
         return f", steps per forward {stats['steps_per_forward']}"

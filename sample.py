@@ -64,7 +64,7 @@ def main(spec="simsd", prompt=None, target=cli.DEFAULT_TARGET, prompts_file=None
         rest = {k: v for k, v in stats.items() if k not in ("nfe", "nfe_draft")}
         print(json.dumps(dict(rest, text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
                               nfe_draft=stats.get("nfe_draft", 0), load_s=load_s,
-                              attention=cli.attention(attention, device, compile),
+                              attention=dec.target.attn_impl,
                               rule=cli.describe(dec.rule), cost_model=dec.pricing and dec.pricing.note,
                               tokens_per_s=stats["tokens"] / stats["seconds"])))
     return out, stats

@@ -37,7 +37,7 @@ import torch
 from torch._dynamo.utils import counters
 from tqdm import tqdm
 
-import cli
+import cli, parallel
 from decode import STRATEGIES, SYNCS
 from loading import util
 from compiling import RecompileLimitHits, compiled_copies, warm_up
@@ -368,7 +368,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     notes, plan = notes + list(dict.fromkeys(r.note for p in plans.values() for _, r in p.values() if r.note)), plans[1]
     cli.warn(*dict.fromkeys(c.stale for c, _ in cost.values() if c))   # a table measured on other code
     head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__, attention=attention,
-                tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats)
+                tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats, **parallel.describe(tgt))
     if batch:   # many prompts decoded together: rows by batch size
         exact = tgt.embed.weight.dtype == torch.float32 and device == "cpu" and rows_keep_their_bits()   # else a rate
         return report(*by_batch(plans, batch, tasks, max_new_tokens, repeats, device, exact), notes, out, dict(head, batches=batch))
@@ -397,7 +397,7 @@ def by_block_size(plan, block_sizes, tasks, max_new_tokens, tok, repeats, device
 
 def save(out, result):
     """result, written to `out` (if given) whole or not at all -> result."""
-    if out:
+    if out and not parallel.RANK:   # (under torchrun: rank 0's)
         with util.atomic_write(out) as tmp:
             tmp.write_text(json.dumps(result, indent=1) + "\n")
     return result
@@ -442,4 +442,4 @@ def parse_args(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(util.run(lambda: main(**parse_args())))
+    sys.exit(parallel.run(lambda: main(**parse_args())))

@@ -12,6 +12,7 @@ import compiling
 from loading import checkpoint
 from loading import util
 import fast
+import parallel
 from decode import EB_THRESHOLD, STRATEGIES, DecodeRule, check_prompt
 from decoder import SPECS
 import variants
@@ -32,14 +33,14 @@ DTYPES = ("float32", "bfloat16", "float16")
 ATTENTIONS = ("flex", "sdpa")   # --attention: FlexAttention (a BlockMask) or SDPA (a dense mask)
 
 
-def load(path, device="cpu", dtype=None, stop_ids=None):
+def load(path, device="cpu", dtype=None, stop_ids=None, split=None):
     """A checkpoint directory -> (model, tokenizer). Decoding stops at every id the checkpoint
     lists (config.json's and generation_config.json's eos_token_id) and at the tokenizer's
     EOS, or at `stop_ids` when given (model.config.stop_ids). dtype: a torch dtype or its name."""
     if not Path(path).is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    model = checkpoint.from_pretrained(path, device=device, dtype=dtype or saved_dtype(path))
+    model = checkpoint.from_pretrained(path, device=device, dtype=dtype or saved_dtype(path), split=split)
     c = model.config
     tok = load_tokenizer(path, mask_id=c.mask_token_id)
     if tok.vocab_size > c.vocab_size:
@@ -54,9 +55,13 @@ def load(path, device="cpu", dtype=None, stop_ids=None):
     return model, tok
 
 
+def load_target(path, device="cpu", dtype=None, stop_ids=None):
+    """load(); under torchrun split over the ranks, refused on all if one fails (parallel.py)."""
+    return parallel.agree(lambda: load(path, parallel.device(device), dtype, stop_ids, parallel.shard))
+
+
 def saved_dtype(path):
-    """The dtype a checkpoint was published in (config.json's torch_dtype, or transformers 5's
-    dtype: bfloat16 for SDAR), the default of --dtype; float32 where it names none."""
+    """--dtype's default: config.json's torch_dtype (transformers 5: dtype), else float32."""
     hf = util.read_json(Path(path) / "config.json")
     name = hf.get("torch_dtype") or hf.get("dtype")
     return getattr(torch, name) if name in DTYPES else torch.float32
@@ -84,8 +89,7 @@ def load_drafter(path, target, tok, block_sizes, device="cpu", dtype=None):
 
 
 def simsd_drafter(target, drafter, reference, model, tok, block_size, device="cpu", dtype=None):
-    """SimSD's drafter for --reference (None: drafter), or None for a drafter-free reference;
-    with neither --drafter nor --reference, the embedded drafter for the embedded target only."""
+    """SimSD's drafter (None for a drafter-free --reference); models/drafter for models/target only."""
     if reference not in (None, "drafter"):
         return None
     if drafter is None and Path(target).resolve() != DEFAULT_TARGET.resolve():
@@ -98,7 +102,7 @@ def load_models(target, drafter, block_sizes, device="cpu", dtype=None, compile=
                 attention="sdpa"):
     """-> (target, tokenizer, drafter or None when `drafter` is None), each checked for every
     block size, attending with `attention` and compiled on request (drafter "": the default one)."""
-    tgt, tok = load(target, device, dtype, stop_ids)
+    tgt, tok = load_target(target, device, dtype, stop_ids)
     for B in block_sizes:
         check_block_size(tgt, B, "target")
     drf = None if drafter is None else load_drafter(drafter, tgt, tok, block_sizes, device, dtype)
@@ -118,8 +122,7 @@ def describe(rule):
 
 def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=None, top_p=None,
               steps=None, strategy=None, eb_threshold=EB_THRESHOLD):
-    """A DecodeRule: SDAR's static one token per step by default, the threshold rule
-    (low_confidence_dynamic) when a threshold is given (split_flags gives THRESHOLD by default)."""
+    """A DecodeRule: the threshold rule when a threshold is given (split_flags' default), else SDAR's."""
     if threshold is not None and strategy not in (None, "low_confidence_dynamic"):
         raise ValueError(f"--threshold applies to the threshold rule, not --strategy {strategy}")
     strategy = strategy or ("low_confidence_dynamic" if threshold else "low_confidence_static")
@@ -130,8 +133,7 @@ def make_rule(model, block_size=None, threshold=None, temperature=0.0, top_k=Non
 
 
 def read_prompts(prompt, prompts_file, batch, default):
-    """The prompts' texts: --prompt's (else `default`), or each line's "question" in
-    --prompts-file, checked with --batch before any model is loaded."""
+    """The prompts' texts: --prompt's (else `default`) or --prompts-file's, before any model loads."""
     util.check_positive(batch=batch)
     if prompt is not None and prompts_file is not None:
         raise ValueError("--prompt and --prompts-file: give one of them")
@@ -144,8 +146,7 @@ def read_prompts(prompt, prompts_file, batch, default):
 
 
 def encoded(tok, texts, chat, config, max_new_tokens, prompts_file):
-    """-> (the texts, in the chat template with --chat, their ids), each prompt checked before
-    any is decoded (a prompt too long for the context: an error naming it)."""
+    """-> (the texts, in the chat template with --chat, their ids), each checked before any decodes."""
     texts = [tok.apply_chat_template(t) if chat else t for t in texts]
     for k, one in enumerate(ids := [tok.encode(t) for t in texts]):
         try:
@@ -170,8 +171,7 @@ def check_block_size(model, block_size, name):
 
 
 def check_device(device, dtype=None):
-    """A device this code runs on (cpu or cuda), a GPU when one is asked for (check_gpu), and a
-    --dtype it can run (check_dtype)."""
+    """A device this code runs on (cpu or cuda; check_gpu) and a --dtype it can run (check_dtype)."""
     try:
         dev = torch.device(device)
     except RuntimeError:
@@ -216,8 +216,7 @@ def check_used(methods, chosen, owners, **given):
                              f"{', '.join(owners[name])})")
 
 
-def check_unit(**values):
-    """Confidences and probabilities: each None or in (0, 1]."""
+def check_unit(**values):   # confidences and probabilities: each None or in (0, 1]
     for name, x in values.items():
         if x is not None and not 0 < x <= 1:
             raise ValueError(f"--{name.replace('_', '-')} must be in (0, 1], got {x}")

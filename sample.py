@@ -23,6 +23,7 @@ import cli
 from compiling import check_compiled, compile_models, warm_up
 from decoder import SPECS, build
 from loading import util
+import parallel
 from serve.batch import decode_all
 
 DEFAULT_PROMPT = ("Question: Max saves 4 dollars a week for 4 weeks and already had 2 dollars. "
@@ -64,7 +65,7 @@ def main(spec="simsd", prompt=None, target=cli.DEFAULT_TARGET, prompts_file=None
         rest = {k: v for k, v in stats.items() if k not in ("nfe", "nfe_draft")}
         print(json.dumps(dict(rest, text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
                               nfe_draft=stats.get("nfe_draft", 0), load_s=load_s,
-                              attention=dec.target.attn_impl,
+                              attention=dec.target.attn_impl, **parallel.describe(dec.target),
                               rule=cli.describe(dec.rule), cost_model=dec.pricing and dec.pricing.note,
                               tokens_per_s=stats["tokens"] / stats["seconds"])))
     return out, stats
@@ -74,7 +75,7 @@ def load(spec="simsd", target=cli.DEFAULT_TARGET, *, device="cpu", dtype=None, s
          graph=None, compile=None, attention=None, batch=1, **flags):
     """Load the checkpoints, build the decoder main's flags ask for (priced in a batch of `batch`)."""
     rule_flags, flags = cli.split_flags(flags)
-    model, tok = cli.load(target, device, dtype, stop_ids)
+    model, tok = cli.load_target(target, device, dtype, stop_ids)
     rule = cli.make_rule(model, block_size, **rule_flags)
     cli.check_block_size(model, rule.block_size, "target")
     drafter_dir, cost_table, max_rows = flags.pop("drafter"), flags.pop("cost_table"), flags.pop("max_rows")
@@ -155,4 +156,4 @@ def parse_args(argv=None):
 
 
 if __name__ == "__main__":
-    util.run(lambda: main(**parse_args()))
+    parallel.run(lambda: main(**parse_args()))

@@ -286,9 +286,10 @@ def find_shards(path):
     return shards
 
 
-def load_shard(model, file, expected, device, dtype):
+def load_shard(model, file, expected, device, dtype, part=(0, 1)):
     """Assign the weights in safetensors `file` to `model` (on `device`, cast to `dtype` if
-    given), each checked against `expected` (our name -> shape); -> our names loaded."""
+    given), each checked against `expected` (our name -> shape), each cut to rank r of n's part
+    (part: (r, n); cut); -> our names loaded."""
     from safetensors import SafetensorError, safe_open
     config, loaded = model.config, set()
     try:
@@ -296,14 +297,14 @@ def load_shard(model, file, expected, device, dtype):
             for hf_name in f.keys():
                 if EXPERT.fullmatch(hf_name):
                     loaded.add(load_expert(model, f, hf_name, expected, device, dtype))
-                    continue
+                    continue   # (another rank's expert: None)
                 name = rename(hf_name)
                 if name not in expected:
                     raise ValueError(f"unexpected weight in checkpoint: {hf_name} (the "
                                      f"config has {config.n_layer} layers)")
                 if name == "lm_head.weight" and config.tie_embeddings:
                     continue  # some tied checkpoints store the head too: it is the embedding
-                t = f.get_tensor(hf_name)
+                t = cut(f.get_tensor(hf_name), expected[name], *part)
                 if t.shape != expected[name]:
                     raise ValueError(f"shape mismatch for {hf_name}: checkpoint "
                                      f"{tuple(t.shape)}, model {tuple(expected[name])}")
@@ -320,20 +321,30 @@ def load_expert(model, f, hf_name, expected, device, dtype):
     i, e, kind = EXPERT.fullmatch(hf_name).groups()
     name, e = f"layers.{i}.mlp.{kind}", int(e)
     shape = expected.get(name, ())
-    if len(shape) != 3 or e >= shape[0]:
+    if len(shape) != 3 or e >= model.config.n_experts:
         raise ValueError(f"unexpected weight in checkpoint: {hf_name} (the config has "
                          f"{model.config.n_experts} experts, in layers that are sparse)")
+    mlp = model.get_submodule(f"layers.{i}.mlp")
+    e -= getattr(mlp, "first", 0)    # a rank holds experts [first, first + shape[0]) (parallel.py)
+    if not 0 <= e < shape[0]:
+        return None
     t = f.get_tensor(hf_name)
     if t.shape != shape[1:]:
         raise ValueError(f"shape mismatch for {hf_name}: checkpoint {tuple(t.shape)}, model "
                          f"{tuple(shape[1:])}")
-    mlp = model.get_submodule(f"layers.{i}.mlp")
     if getattr(mlp, kind).is_meta:
         empty = torch.empty(shape, dtype=dtype or t.dtype, device=device or "cpu")
         setattr(mlp, kind, torch.nn.Parameter(empty))
     with torch.no_grad():
         getattr(mlp, kind)[e] = t
     return f"{name}.{e}"
+
+
+def cut(t, shape, rank, n):
+    """Tensor parallelism: a checkpoint tensor -> rank `rank` of `n` equal slices along the one
+    dimension where `shape` (the rank's) is 1/n of it; unchanged where no dimension is."""
+    dims = [d for d, (a, b) in enumerate(zip(t.shape, shape)) if a == b * n != b]
+    return t.chunk(n, dims[0])[rank].clone() if len(t.shape) == len(shape) and len(dims) == 1 else t
 
 
 def expected_slices(expected):
@@ -345,18 +356,20 @@ def expected_slices(expected):
     return names
 
 
-def from_pretrained(path, device=None, dtype=None, cls=Transformer):
+def from_pretrained(path, device=None, dtype=None, cls=Transformer, split=None):
     """Load an HF-format SDAR/Qwen3 directory, one shard at a time straight onto `device` (the
-    model is built on the meta device, so weights never exist twice in memory). -> in eval mode"""
+    model is built on the meta device, so weights never exist twice in memory); split: parallel.shard,
+    each tensor cut to a rank's part as it is read. -> in eval mode"""
     path = Path(path)
     config = read_config(path)
     shards = find_shards(path)
     with torch.device("meta"):
         model = cls(config)
+    part = split(model) if split else (0, 1)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     loaded = set()
     for shard in shards:
-        loaded |= load_shard(model, path / shard, expected, device, dtype)
+        loaded |= load_shard(model, path / shard, expected, device, dtype, part)
     missing = expected_slices(expected) - loaded - ({"lm_head.weight"} if config.tie_embeddings
                                                     else set())
     if missing:

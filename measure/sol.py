@@ -34,6 +34,7 @@ from loading import checkpoint
 from loading.checkpoint import PRESETS
 from decode import DecodeRule, Session, generate, packed_rows
 from model import ModelConfig, SparseMLP, Transformer
+from parallel import WORLD, is_split
 from fast import compile_model
 from spiffy import ranks
 from verify import Guesses, verify_copies, walk
@@ -51,9 +52,14 @@ from verify import Guesses, verify_copies, walk
 # layer_s by a drafter-shaped forward (bench.py --speed-of-light sdar-1.7b --compile).
 # An MoE target (sdar-30b-a3b) is costed by the bytes its forward reads (forward_bytes); its
 # floor, the 1, is then a plain decoding forward of `block` rows.
-GPU_MODEL = dict(pair="SDAR-8B + SDAR-1.7B on an H200, bf16 (modelled)", target="sdar-8b",
-                 drafter="sdar-1.7b", bandwidth=4.8e12, flops=989e12, layer_s=30e-6, sync_s=0.2e-3,
-                 block=4)
+# On N GPUs (tensor parallelism, parallel.py) each reads 1/N of the split weights and all of the
+# rest, and a target layer adds two all-reduces of rows x d in bf16, each `reduce_s` of latency
+# plus a ring's 2 (N-1)/N of its bytes over `link` bytes/s (NVLink 4, one direction; both a guess
+# of the right order, not measured: this project has no several-GPU machine). The drafter is whole
+# on every GPU. `ranks`: as many as torchrun starts (WORLD); the 1 stays one GPU's forward.
+GPU_MODEL = dict(pair="SDAR-8B + SDAR-1.7B on " + (f"{WORLD} H200s, the target split" if WORLD > 1 else "an H200")
+                 + ", bf16 (modelled)", target="sdar-8b", drafter="sdar-1.7b", bandwidth=4.8e12, flops=989e12,
+                 layer_s=30e-6, sync_s=0.2e-3, block=4, ranks=WORLD, link=450e9, reduce_s=10e-6)
 # Distinct experts a sparse layer's rows route to, of 128 with top-8, against the rows of a
 # forward shaped as the decoders' (copies of one block, each revealing other guesses; measured,
 # a random-weight model: python experiments/moe_bytes.py --measure, 3 seeds); between points,
@@ -127,14 +133,30 @@ def forward_flops(preset, rows):
 def modelled_gpu_cost(rows, rows_draft, tokens, syncs=0, gpu=GPU_MODEL):
     """rows, rows_draft: {query rows: forwards} of the target and the drafter; syncs: host
     syncs -> modelled target-forward equivalents per token (GPU_MODEL)."""
-    def cost(preset, counts):
-        n_layer = preset_params(preset)[1]
-        return sum(n * max(forward_bytes(preset, T) / gpu["bandwidth"],
-                           forward_flops(preset, T) / gpu["flops"], n_layer * gpu["layer_s"])
-                   for T, n in counts.items())
+    def cost(preset, counts, N=1):
+        return sum(n * forward_s(preset, T, N, gpu) for T, n in counts.items())
     floor = forward_bytes(gpu["target"], gpu["block"]) / gpu["bandwidth"]   # one forward, bf16
-    spent = cost(gpu["target"], rows) + cost(gpu["drafter"], rows_draft) + syncs * gpu["sync_s"]
+    spent = cost(gpu["target"], rows, gpu["ranks"]) + cost(gpu["drafter"], rows_draft) + syncs * gpu["sync_s"]
     return spent / floor / tokens
+
+
+def forward_s(preset, rows, ranks, gpu=GPU_MODEL):
+    """A modelled forward of `rows` query rows on `ranks` GPUs (GPU_MODEL's comment)."""
+    n_layer, weights = preset_params(preset)[1], forward_bytes(preset, rows)
+    if ranks > 1:   # each reads its part of the split weights and the whole of the rest
+        whole = 2 * preset_whole(preset)
+        weights = whole + (weights - whole) / ranks
+    one = max(weights / gpu["bandwidth"], forward_flops(preset, rows) / ranks / gpu["flops"], n_layer * gpu["layer_s"])
+    reduce = gpu["reduce_s"] + 2 * (ranks - 1) / ranks * 2 * rows * PRESETS[preset]["n_embd"] / gpu["link"]
+    return one + (ranks > 1) * 2 * n_layer * reduce
+
+
+@functools.cache
+def preset_whole(preset):
+    """Parameters of a PRESETS shape every rank holds whole (parallel.is_split's others)."""
+    with torch.device("meta"):
+        model = Transformer(ModelConfig(**PRESETS[preset]))
+    return sum(p.numel() for name, p in model.named_parameters() if not is_split(name))
 
 
 def timer(device):

@@ -39,7 +39,7 @@ torch.set_num_threads(1)
 
 
 SLOWEST = ("test_inductor_flex.py", "test_inductor.py", "test_gpu_check.py", "test_errors.py",
-           "test_scripts.py", "test_attention.py")   # a minute or more each, cold
+           "test_scripts.py", "test_attention.py", "test_parallel.py")   # a minute or more each, cold
 
 
 def pytest_collection_modifyitems(items):

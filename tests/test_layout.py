@@ -20,7 +20,7 @@ LAYERS = (   # top to bottom: a module imports its own layer and those below it,
     ("the decoder as a value", ("decoder",)),
     ("speed devices, variants, measurements, batching", ("variants", "measure", "fast", "serve")),
     ("the reference", ("speculate", "spiffy", "verify", "decode")),
-    ("loading", ("loading",)),
+    ("loading, and splitting over ranks", ("loading", "parallel")),
     ("the model", ("model", "mask")),
 )
 BUDGETS = {"sample.py": 160, "cli.py": 380, "bench.py": 445, "model.py": 350, "train.py": 350, "speculate.py": 300,

@@ -18,6 +18,7 @@ and PARALLEL_CHECK=1 compares every forward's query tokens across ranks before i
 import hashlib
 import os
 import sys
+import traceback
 from dataclasses import replace
 from datetime import timedelta
 
@@ -38,11 +39,13 @@ def run(main):
 
 
 def ranks(main):
-    """util.run(main) on this rank: only rank 0 prints (its bad-input line too); every rank exits."""
+    """util.run(main) on this rank: only rank 0 prints (its bad-input line too: every rank meets
+    the same, or agree gathers it); every rank exits. Another rank's traceback still shows."""
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=TIMEOUT_S))
-    if RANK:   # only rank 0 prints, progress bars too (a traceback still reaches sys.__stderr__)
+    if RANK:   # (progress bars too; an uncaught exception still reaches the terminal)
         sys.stdout = sys.stderr = open(os.devnull, "w")
+        sys.excepthook = lambda *e: traceback.print_exception(*e, file=sys.__stderr__)
     try:
         return util.run(main)
     finally:
@@ -65,7 +68,7 @@ def gpu(name):
 
 
 def agree(load):
-    """load(), under torchrun on every rank, failing on all if it fails on one (agreed)."""
+    """load(), under torchrun on every rank, failing on all if it fails on any (agreed)."""
     return load() if WORLD == 1 else agreed(load)
 
 
@@ -74,12 +77,12 @@ def agreed(load):
     prints it), so that no rank waits in a collective for one that left."""
     try:
         out, error = load(), None
-    except (ValueError, OSError) as e:
-        out, error = None, str(e)
+    except Exception as e:   # (ValueError, OSError: bad input; another, an out-of-memory, by its name)
+        out, error = None, str(e) if isinstance(e, (ValueError, OSError)) else f"{type(e).__name__}: {e}"
     errors = [None] * WORLD
     dist.all_gather_object(errors, error, group=control())
-    if any(errors):   # (the rank named where the ranks differ)
-        r = next(r for r, e in enumerate(errors) if e)
+    if any(e is not None for e in errors):   # (the rank named where the ranks differ)
+        r = next(r for r, e in enumerate(errors) if e is not None)
         raise ValueError(errors[r] if len(set(errors)) == 1 else f"rank {r}: {errors[r]}")
     return out
 
@@ -88,15 +91,23 @@ def control():
     """A gloo group for host values (errors, checks), on a CPU whatever the device."""
     global _CONTROL
     if "_CONTROL" not in globals():
-        _CONTROL = dist.new_group(backend="gloo")
+        _CONTROL = dist.new_group(backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
     return _CONTROL
 
 
 def shard(model):
-    """from_pretrained's split: the meta model cut to this rank's shapes (torchrun) -> (rank, ranks)."""
-    if WORLD > 1:
-        split(model, RANK, WORLD)
-    return RANK, WORLD
+    """from_pretrained's split: under torchrun the meta model cut to this rank's shapes -> take."""
+    if WORLD == 1:
+        return None
+    split(model, RANK, WORLD)
+    return take
+
+
+def take(name, weight):
+    """A checkpoint tensor (our name) as read -> this rank's part: a split weight's slice (wo and
+    down by columns, the rest by rows), else the whole (the shape check then refuses a bad one)."""
+    dim = 1 if name.endswith(("attn.wo.weight", "mlp.down.weight")) else 0
+    return part(weight, dim, RANK, WORLD) if is_split(name) and weight.dim() == 2 else weight
 
 
 def split(model, rank, n, reduce=True):
@@ -168,6 +179,7 @@ def summed(module, inputs, out):
     return funcol.all_reduce(out, "sum", dist.group.WORLD)
 
 
+@torch.compiler.disable   # (a host exchange: outside any compiled graph)
 def same_queries(module, inputs):
     """PARALLEL_CHECK=1: before a forward, every rank must send the same query tokens."""
     digest = hashlib.sha1(inputs[0].cpu().numpy().tobytes() + str(tuple(inputs[0].shape)).encode()).hexdigest()

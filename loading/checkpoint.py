@@ -286,10 +286,10 @@ def find_shards(path):
     return shards
 
 
-def load_shard(model, file, expected, device, dtype, part=(0, 1)):
+def load_shard(model, file, expected, device, dtype, take=None):
     """Assign the weights in safetensors `file` to `model` (on `device`, cast to `dtype` if
-    given), each checked against `expected` (our name -> shape), each cut to rank r of n's part
-    (part: (r, n); cut); -> our names loaded."""
+    given), each checked against `expected` (our name -> shape), each as take(our name, tensor)
+    gives it (a rank's part: parallel.take); -> our names loaded."""
     from safetensors import SafetensorError, safe_open
     config, loaded = model.config, set()
     try:
@@ -304,7 +304,7 @@ def load_shard(model, file, expected, device, dtype, part=(0, 1)):
                                      f"config has {config.n_layer} layers)")
                 if name == "lm_head.weight" and config.tie_embeddings:
                     continue  # some tied checkpoints store the head too: it is the embedding
-                t = cut(f.get_tensor(hf_name), expected[name], *part)
+                t = take(name, f.get_tensor(hf_name)) if take else f.get_tensor(hf_name)
                 if t.shape != expected[name]:
                     raise ValueError(f"shape mismatch for {hf_name}: checkpoint "
                                      f"{tuple(t.shape)}, model {tuple(expected[name])}")
@@ -317,7 +317,8 @@ def load_shard(model, file, expected, device, dtype, part=(0, 1)):
 
 def load_expert(model, f, hf_name, expected, device, dtype):
     """Copy one expert's tensor (safetensors file `f`) into its slice of our stacked parameter,
-    which is put on `device` when its first slice arrives. -> the slice's name (name.e)"""
+    which is put on `device` when its first slice arrives. A rank holds experts [first, first +
+    its count) (parallel.py): another's is not read. -> the slice's name (name.e), or None"""
     i, e, kind = EXPERT.fullmatch(hf_name).groups()
     name, e = f"layers.{i}.mlp.{kind}", int(e)
     shape = expected.get(name, ())
@@ -325,8 +326,8 @@ def load_expert(model, f, hf_name, expected, device, dtype):
         raise ValueError(f"unexpected weight in checkpoint: {hf_name} (the config has "
                          f"{model.config.n_experts} experts, in layers that are sparse)")
     mlp = model.get_submodule(f"layers.{i}.mlp")
-    e -= getattr(mlp, "first", 0)    # a rank holds experts [first, first + shape[0]) (parallel.py)
-    if not 0 <= e < shape[0]:
+    first = getattr(mlp, "first", 0)
+    if not first <= e < first + shape[0]:
         return None
     t = f.get_tensor(hf_name)
     if t.shape != shape[1:]:
@@ -336,41 +337,35 @@ def load_expert(model, f, hf_name, expected, device, dtype):
         empty = torch.empty(shape, dtype=dtype or t.dtype, device=device or "cpu")
         setattr(mlp, kind, torch.nn.Parameter(empty))
     with torch.no_grad():
-        getattr(mlp, kind)[e] = t
+        getattr(mlp, kind)[e - first] = t
     return f"{name}.{e}"
 
 
-def cut(t, shape, rank, n):
-    """Tensor parallelism: a checkpoint tensor -> rank `rank` of `n` equal slices along the one
-    dimension where `shape` (the rank's) is 1/n of it; unchanged where no dimension is."""
-    dims = [d for d, (a, b) in enumerate(zip(t.shape, shape)) if a == b * n != b]
-    return t.chunk(n, dims[0])[rank].clone() if len(t.shape) == len(shape) and len(dims) == 1 else t
-
-
-def expected_slices(expected):
+def expected_slices(model, expected):
     """Every weight a checkpoint must hold, by our name; a stacked expert parameter (3-D) by
-    its slices, name.e."""
+    its slices, name.e (a rank's: from its first expert on)."""
     names = set()
     for name, shape in expected.items():
-        names |= {f"{name}.{e}" for e in range(shape[0])} if len(shape) == 3 else {name}
+        first = getattr(model.get_submodule(name.rsplit(".", 1)[0]), "first", 0) if len(shape) == 3 else 0
+        names |= {f"{name}.{e}" for e in range(first, first + shape[0])} if len(shape) == 3 else {name}
     return names
 
 
 def from_pretrained(path, device=None, dtype=None, cls=Transformer, split=None):
     """Load an HF-format SDAR/Qwen3 directory, one shard at a time straight onto `device` (the
-    model is built on the meta device, so weights never exist twice in memory); split: parallel.shard,
-    each tensor cut to a rank's part as it is read. -> in eval mode"""
+    model is built on the meta device, so weights never exist twice in memory); split(meta model)
+    -> take, or None (parallel.shard): each tensor read as take(name, tensor). -> in eval mode"""
     path = Path(path)
     config = read_config(path)
     shards = find_shards(path)
     with torch.device("meta"):
         model = cls(config)
-    part = split(model) if split else (0, 1)
+    take = split(model) if split else None
     expected = {k: v.shape for k, v in model.state_dict().items()}
     loaded = set()
     for shard in shards:
-        loaded |= load_shard(model, path / shard, expected, device, dtype, part)
-    missing = expected_slices(expected) - loaded - ({"lm_head.weight"} if config.tie_embeddings
+        loaded |= load_shard(model, path / shard, expected, device, dtype, take)
+    missing = expected_slices(model, expected) - loaded - ({"lm_head.weight"} if config.tie_embeddings
                                                     else set())
     if missing:
         names = ", ".join(sorted(rename(n, to_local=False) for n in missing))

@@ -19,6 +19,7 @@ import parallel  # noqa: E402
 import sample  # noqa: E402
 from conftest import make_model  # noqa: E402
 from loading.checkpoint import from_pretrained, save_pretrained  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 from serve.batch import decode_all  # noqa: E402
 
 DECODERS = {"simsd": ("simsd", {}), "simsd-trajectory": ("simsd", dict(reference="trajectory")),
@@ -103,11 +104,19 @@ def json_line():
     return json.loads(out.getvalue().splitlines()[-1])
 
 
-def failures():
-    """A checkpoint that fails to load on rank 1 only, and ranks that send different queries
-    (PARALLEL_CHECK=1): each rank's error, or None where it went on."""
+def failures(tmp):
+    """A checkpoint that fails to load on rank 1 only, one whose embedding is twice its shape (a
+    whole weight: refused, not cut), and ranks that send different queries (PARALLEL_CHECK=1):
+    each rank's error, or None where it went on."""
+    if parallel.RANK == 0:
+        save_pretrained(make_model(), tmp / "bad", dtype=torch.float32)
+        weights = load_file(tmp / "bad/model.safetensors")
+        weights["model.embed_tokens.weight"] = weights["model.embed_tokens.weight"].repeat(2, 1)
+        save_file(weights, tmp / "bad/model.safetensors")
+    torch.distributed.barrier()
     out = {}
     for name, run in (("load", lambda: sample.cli.load_target("models/target" if parallel.RANK == 0 else "nowhere")),
+                      ("bad", lambda: parallel.agree(lambda: from_pretrained(tmp / "bad", split=parallel.shard))),
                       ("diverged", lambda: parallel.split(make_model(), parallel.RANK, 2)(
                           torch.tensor([[5, 6 + parallel.RANK]])))):
         try:
@@ -119,7 +128,7 @@ def failures():
 
 
 def main():
-    results = dict(ranks=parallel.WORLD, json=json_line(), failed=failures(),
+    results = dict(ranks=parallel.WORLD, json=json_line(), failed=failures(Path(sys.argv[1]).parent),
                    **logits_results(Path(sys.argv[1]).parent), **decoder_results())
     if parallel.RANK == 0:
         Path(sys.argv[1]).write_text(json.dumps(results))

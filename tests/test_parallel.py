@@ -62,6 +62,7 @@ def test_the_json_names_the_ranks_and_each_ranks_weight_bytes(two_ranks):
 
 def test_a_failure_on_one_rank_fails_every_rank(two_ranks):
     assert two_ranks["failed"]["load"] == "rank 1: checkpoint directory nowhere does not exist"
+    assert two_ranks["failed"]["bad"].startswith("shape mismatch for model.embed_tokens.weight: checkpoint (194, 64)")
     assert "the ranks diverged" in two_ranks["failed"]["diverged"]
 
 

@@ -72,7 +72,7 @@ SPECS = {"none": "threshold", "simsd": "simsd-lossless+threshold", "spiffy": "sp
 ABLATIONS = (("rope-copy", "no rope copy", dict(rope_copy=False)), ("order", "position order", dict(order="position")))
 TAGS = {"both": " compiled", "drafter": " (drafter compiled)"}   # --compile both / drafter: the extra rows' names end so
 COMPILED, DRAFTER_COMPILED = TAGS.values()
-PAIRS = {"copies": ("all copies", "none")}  # --sweep: the twin row's name and cost table
+PAIRS = {"copies": ("all copies", dict(table="none")), "learn": ("tables alone", dict(learn=False))}  # --sweep: a twin row
 SWEPT = {"gamma": DRAFTED, "steps": DRAFTED, "lookahead": [m for m in SIMSD if m not in TEMPORAL]}   # the methods each sweep applies to
 
 
@@ -286,7 +286,7 @@ def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, d
         if base in SIMSD and base not in TEMPORAL and sweep == "lookahead":
             variants = {f"{m}(K={k})": dict(lookahead=k) for k in range(4)}
         if base in (*SIMSD, "spiffy") and sweep in PAIRS and base != "simsd-paper":   # (unpriced: one row)
-            variants = {m: {}, f"{m}({PAIRS[sweep][0]})": dict(priced=dict(priced, table=PAIRS[sweep][1]))}
+            variants = {m: {}, f"{m}({PAIRS[sweep][0]})": dict(priced=dict(priced, **PAIRS[sweep][1]))}
         if base == "simsd-paper":
             variants |= {f"{m}({name})": setting for a, name, setting in ABLATIONS if a in ablate}
         for name, extra in variants.items():
@@ -429,7 +429,7 @@ def parse_args(argv=None):
                            "low_confidence_static, one token a step)")
     simsd = cli.simsd_flags(ap, variants=False)
     simsd.add_argument("--sweep", choices=["gamma", "lookahead", "steps", *PAIRS], help="rows for gamma = 1, 2, B/2, B, "
-                       "K = 0..3, drafter steps 1, 2, 3, 4, 6, or every copy verified (no cost table)")
+                       "K = 0..3, drafter steps 1, 2, 3, 4, 6, every copy verified (no cost table), or the tables alone (no learning)")
     simsd.add_argument("--ablate", default="", help="simsd-paper without: rope-copy, order (comma-separated)")
     cli.spiffy_flags(ap, graph=False)
     ap.add_argument_group("output").add_argument("--out", default=None, help="also save the JSON here")

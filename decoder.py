@@ -24,7 +24,8 @@ from spiffy import spiffy_generate
 from variants import simsd
 
 SPECS = ("none", "simsd", "spiffy")
-VARIANTS = {"verifier", "acceptance", "reference", "lookup_n", "gate", "order"}   # variants.simsd's settings
+VARIANTS = {"verifier", "acceptance", "reference", "lookup_n", "gate", "order"}   # variants.simsd's settings,
+DEFAULT = dict(verifier="copies", acceptance="lossless", reference="drafter")   # these: the default SimSD
 
 
 @dataclass
@@ -53,15 +54,19 @@ class Decoder:
         """SimSD or Spiffy with the pricing's devices (unpriced: every copy verified); its rounds
         counted (measure/counts.py)."""
         run, p = dict(generator=generator, on_block=on_block), self.pricing or Pricing()
-        devices = dict(walk=verify.walk_one_sync, cut=p.cut)
+        learner = p.learn() if p.learn else None   # this request's (the defaults, priced by tables)
+        devices = dict(walk=verify.walk_one_sync, cut=learner.cut(p.cut) if learner and self.method == "spiffy"
+                       else p.cut)
         if self.method == "spiffy":
-            return counting(spiffy_generate)(target, ids, max_new_tokens, self.rule, **run, **devices,
-                                             **self.settings)
-        if set(self.settings) & VARIANTS:   # another verifier, proposer or acceptance: variants.py
+            return counting(spiffy_generate, learner)(target, ids, max_new_tokens, self.rule, **run, **devices,
+                                                      **self.settings)
+        if any(k in VARIANTS and DEFAULT.get(k) != v for k, v in self.settings.items()):   # variants.py's
             return simsd(target, drafter, ids, max_new_tokens, self.rule, draft=p.draft, **run, **devices,
                          **self.settings)
-        settings = Settings(**self.settings, draft=p.draft, **devices)   # the default
-        out, stats = counting(simsd_generate)(target, drafter, ids, max_new_tokens, self.rule, settings, **run)
+        own = {k: v for k, v in self.settings.items() if k not in DEFAULT}   # the default SimSD
+        settings = Settings(**own, draft=learner.draft if learner else p.draft, **devices)
+        out, stats = counting(simsd_generate, learner)(target, drafter, ids, max_new_tokens, self.rule, settings,
+                                                       **run)
         return out, dict(stats, reference="drafter")
 
     @property

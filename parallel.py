@@ -97,10 +97,7 @@ def control():
 
 def shard(model):
     """from_pretrained's split: under torchrun the meta model cut to this rank's shapes -> take."""
-    if WORLD == 1:
-        return None
-    split(model, RANK, WORLD)
-    return take
+    return split(model, RANK, WORLD) and take if WORLD > 1 else None   # (split returns the model)
 
 
 def take(name, weight):

@@ -89,11 +89,11 @@ def reach_check(reach, walked, least=20, within=1.5):
     return worst, sorted((k for k, x in ratios.items() if far(x) > within), key=str)
 
 
-def counting(decoder):
-    """decoder (spiffy.spiffy_generate, speculate.simsd_generate) with its rounds counted: the
-    same call and output, its stats with the Counts' summary added."""
+def counting(decoder, counts=None):
+    """decoder (spiffy.spiffy_generate, speculate.simsd_generate) with its rounds counted (by
+    `counts`, else a Counts): the same call and output, its stats with the Counts' summary added."""
     def run(*args, **kw):
-        counts = Counts()
-        out, stats = decoder(*args, counts=counts, **kw)
-        return out, {**stats, **counts.summary()}
+        c = counts or Counts()
+        out, stats = decoder(*args, counts=c, **kw)
+        return out, {**stats, **c.summary()}
     return run

@@ -6,16 +6,18 @@ Nothing else in decoding reads a table, and nothing here times anything: the sam
 same decisions. The tables: measure/costs.py (seconds a forward, by query rows; a drafter step;
 a batch's share) and measure/reach.py (how often the walk visits each copy rank).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 import fast
 import speculate
 from measure import costs, reach
+from measure.counts import Counts
 
 GPU_ROWS = 256    # the row cap's default on a GPU (see max_rows)
 MAX_BUCKET = 16   # static shapes: by default, queries of at most 16 blocks (fast.STATIC_ROWS rows)
+LEARNED = ("simsd", "spiffy")   # the defaults: their rounds priced as a request decodes (fast.Learner)
 
 
 @dataclass
@@ -29,15 +31,17 @@ class Pricing:
     stale: str = None         # the cost table's warning when measured on other code
     max_rows: int = None      # the row cap the cut applies (None: no cap)
     cost: object = None       # the cost model (measure/costs.py; None: none)
+    learn: object = None      # () -> a request's Learner (None: the tables decide alone)
 
 
 def price(method, target_dir, target, rule, drafter=None, *, table=None, max_rows=None, device="cpu",
-          compile=None, batch=1, lossless=True):
+          compile=None, batch=1, lossless=True, learn=True):
     """Pricing for `method` (measure/reach.METHODS: spiffy, simsd, simsd-lookup-temporal, ...; one
     ending in -temporal verifies on the paper's mask) on the model `target` (loaded from target_dir,
     where its tables lie) under `rule`, as one request of a batch of `batch` sees the price.
     table: --cost-table (None: the one beside the weights, "none", "flat", or a path), or a cost
-    model (measure/costs.py's); lossless: False for the acceptance ablations, never gated."""
+    model (measure/costs.py's); lossless: False for the acceptance ablations, never gated; learn:
+    False for the tables' decisions alone (else a request's own rounds amend them: Learner)."""
     cost, words = (costs.costs_in(table, batch), "a given cost model") if callable(table) else \
         costs.cost_model(target_dir, target, rule.block_size, table, batch)
     temporal = method.endswith("-temporal")
@@ -53,6 +57,8 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
     if per_round is not None and (temporal or lossless):  # even proposing at its cheapest
         cheapest = min((drafting or dict(step_s=[0.0]))["step_s"]) + (drafting or {}).get("round_s", 0.0)
         p.alone = not fast.pays(cost, per_round, cheapest)
+    if learn and per_round is not None and method in LEARNED and lossless and table != "flat" and not p.alone:
+        p.learn = lambda: Learner(cost, per_round, drafting)   # the tables: its prior
     if temporal:   # (the temporal path prices its drafting; it cuts no copies)
         words = "drafting priced by " + words.replace("every copy verified", "every round drafts")
     else:
@@ -61,9 +67,74 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
         shared = f" in a batch of {cost.batch}" if getattr(cost, "batch", 1) > 1 else ""
         reach_words = (f"B={rule.block_size} {method}: its rounds would not pay here{shared} ({per_round[0]:.2f} "
                        f"steps a round for {per_round[1]:.2f} copies, by the cost and reach tables): the rule alone")
-    p.why = reach_words
+    p.why = reach_words + ", amended by each request's own rounds" * bool(p.learn)
     p.note = words + (f"; at most {rows} rows a forward" if rows else "") + f"; {reach_words}" * bool(reach_words)
     return p
+
+
+class Learner(Counts):
+    """One request's speculation, switched off where its own rounds say it does not pay. A round
+    that speculated (SimSD's drafted, Spiffy's verified copies) is worth its steps a second
+    against the rule's one step a forward, by the cost table (`speed`); where the mean of the
+    last WINDOW such rounds (the tables' mean round filling in those not yet seen) falls below
+    OFF, speculation is off (SimSD's drafter does not run, Spiffy verifies the open block alone)
+    for `wait` rounds, 2, 4, ... WAIT while it keeps failing; then one round speculates, a probe:
+    worth at least OFF, it is on again; else off for twice as long. While on, a round speculates
+    where its mean round (the tables', or the last probe's that paid) pays at its spend (the gate's
+    question). Where the tables say no round pays, the rule runs alone, unlearned (probing there
+    cost this CPU 5-16% of its speed: docs/results.md). Counts only, never times: the same rounds,
+    the same decisions. It lives for one request (Decoder makes one a call)."""
+    WINDOW, OFF, WAIT = 4, 0.9, 64
+
+    def __init__(self, cost, per_round, drafting=None):
+        super().__init__()
+        self.drafting = drafting or dict(step_s=[0.0])   # (a drafter not timed: drafting free)
+        self.cost, self.est, self.rounds, self.wait, self.probe, self.seen = cost, per_round, 0, 1, False, None
+        self.back = 0                                    # the round speculation comes back (a probe)
+
+    def speed(self, per_round, spend):
+        """A round's steps a second over the rule's (one step a forward of one block)."""
+        return per_round[0] / (spend + self.cost(1 + per_round[1])) * self.cost(1)
+
+    def wants(self, spend=0.0):
+        """Whether this round speculates, at `spend` seconds of proposing (asked once a round)."""
+        self.rounds, self.spend = self.rounds + 1, spend
+        self.probe = self.rounds == self.back
+        return self.probe or self.rounds > self.back and fast.pays(self.cost, self.est, spend)
+
+    def lossless(self, g, w):
+        super().lossless(g, w)
+        if not (max(g.drafted) if g.drafted is not None else len(g.n_masked) - 1):   # it did not speculate
+            return
+        counts = (len(w.path), len(g.n_masked) - 1)
+        x, prior = self.speed(counts, self.spend), self.seen or [self.speed(self.est, self.spend)] * self.WINDOW
+        self.seen = [x] * self.WINDOW if self.probe else prior[1:] + [x]   # (a probe: its round alone)
+        self.n["learned", "probes"] += self.probe
+        if sum(self.seen) >= self.OFF * self.WINDOW:
+            if self.probe:
+                self.est, self.n["learned", "back on"] = counts, self.n["learned", "back on"] + 1
+            self.wait = self.wait if self.probe else 1
+            return
+        self.wait = min(self.WAIT, 2 * self.wait)    # off: the next `wait` rounds
+        self.back = self.rounds + self.wait + 1
+        self.n["learned", "switched off"] += 1
+
+    def draft(self, sess, front, rule, s, ahead, stops, generator=None):
+        """SimSD's drafter loop where this round speculates, at fast.gated's prices; a probe, the
+        cheapest: one drafter step, the open block only."""
+        if self.rounds + 1 == self.back:
+            s, ahead = replace(s, draft_steps=1), 0
+        step_s, k = self.drafting["step_s"], min(s.draft_steps, front.n_masked + ahead * len(front.host))
+        spend = k * step_s[min(ahead, len(step_s) - 1)] + self.drafting.get("round_s", 0.0)
+        return speculate.draft_one_sync(sess, front, rule, s, ahead, stops, generator) if self.wants(spend) \
+            else speculate.Draft([], [], [], None, [])
+
+    def cut(self, cut):
+        """Spiffy's cut: `cut`'s copies where this round speculates, else the open block alone."""
+        return lambda g: (cut(g) if cut else g) if self.wants() else fast.prefix(g, 1)
+
+    def summary(self):
+        return dict(super().summary(), learned=self.hist("learned"))
 
 
 def default_rows(rows, device, compile, block_size):

@@ -17,7 +17,10 @@ from measure.counts import Counts
 
 GPU_ROWS = 256    # the row cap's default on a GPU (see max_rows)
 MAX_BUCKET = 16   # static shapes: by default, queries of at most 16 blocks (fast.STATIC_ROWS rows)
-LEARNED = ("simsd", "spiffy")   # the defaults: their rounds priced as a request decodes (fast.Learner)
+LEARNED = ("simsd", "spiffy")   # the defaults: their rounds priced as a request decodes (Learner)
+# a Learner's prior without a reach table (sampling has none): (steps, copies) a round, one a
+# proposer at every B, not fit to the tables (greedy, SimSD's: 2.87 / 1.68 / 1.42 steps at B = 4 / 8 / 32)
+STATED = {"simsd": (3.0, 4.0), "spiffy": (1.2, 2.0)}
 
 
 @dataclass
@@ -57,8 +60,9 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
     if per_round is not None and (temporal or lossless):  # even proposing at its cheapest
         cheapest = min((drafting or dict(step_s=[0.0]))["step_s"]) + (drafting or {}).get("round_s", 0.0)
         p.alone = not fast.pays(cost, per_round, cheapest)
-    if learn and per_round is not None and method in LEARNED and lossless and table != "flat" and not p.alone:
-        p.learn = lambda: Learner(cost, per_round, drafting)   # the tables: its prior
+    if learn and cost is not None and method in LEARNED and lossless and table != "flat" and not p.alone:
+        prior = per_round or STATED[method]   # the reach table's mean round, else a stated one
+        p.learn = lambda: Learner(cost, prior, drafting)
     if temporal:   # (the temporal path prices its drafting; it cuts no copies)
         words = "drafting priced by " + words.replace("every copy verified", "every round drafts")
     else:
@@ -90,6 +94,7 @@ class Learner(Counts):
         super().__init__()
         self.drafting = drafting or dict(step_s=[0.0])   # (a drafter not timed: drafting free)
         self.cost, self.est, self.rounds, self.wait, self.probe, self.seen = cost, per_round, 0, 1, False, None
+        self.on = False                                  # whether this round speculates
         self.back = 0                                    # the round speculation comes back (a probe)
 
     def speed(self, per_round, spend):
@@ -100,11 +105,12 @@ class Learner(Counts):
         """Whether this round speculates, at `spend` seconds of proposing (asked once a round)."""
         self.rounds, self.spend = self.rounds + 1, spend
         self.probe = self.rounds == self.back
-        return self.probe or self.rounds > self.back and fast.pays(self.cost, self.est, spend)
+        self.on = self.probe or self.rounds > self.back and fast.pays(self.cost, self.est, spend)
+        return self.on
 
     def lossless(self, g, w):
         super().lossless(g, w)
-        if not (max(g.drafted) if g.drafted is not None else len(g.n_masked) - 1):   # it did not speculate
+        if not self.on:   # (a round that proposed, its copies cut to the open block: judged too)
             return
         counts = (len(w.path), len(g.n_masked) - 1)
         x, prior = self.speed(counts, self.spend), self.seen or [self.speed(self.est, self.spend)] * self.WINDOW

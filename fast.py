@@ -1,8 +1,9 @@
 """Speed devices, set apart from the reference: no core decoder (decode, verify, speculate,
 spiffy) imports this module. The command lines compose them; each gives the core's tokens and
-forwards (tests/test_fast.py). (The one-sync walk and drafter loop are the core's own twins,
-beside their references: verify.walk_one_sync, speculate.draft_one_sync.)
+forwards (tests/test_fast.py). (The one-sync walk is the core's own twin, beside its
+reference: verify.walk_one_sync.)
 
+- draft_one_sync: SimSD's drafter loop (speculate.draft) with one host sync a round.
 - pays, gated: whether a round is expected to pay (the cost and reach tables); SimSD's drafter
   run only in rounds that do, decided before it runs (its forwards and ops cost too).
 - cutter: the copies a round verifies, cut to a row cap (a GPU's static buckets) and sized by
@@ -12,10 +13,12 @@ beside their references: verify.walk_one_sync, speculate.draft_one_sync.)
   to a power of two of rows, so each length compiles once.
 - compile_dynamic: torch.compile with dynamic shapes (the CPU's --compile): a graph a mask kind.
 """
+from itertools import accumulate
+
 import torch
 import torch.nn.functional as F
 
-from decode import to_device
+from decode import to_device, to_host
 from speculate import Draft
 from verify import Guesses
 
@@ -98,6 +101,47 @@ def cutter(cost=None, max_rows=None, block_size=None, scale=None):
         g = calibrated(prefix(g, cap), scale)
         return sized(g, cost) if cost else g
     return cut
+
+
+def draft_one_sync(sess, front, rule, s, ahead, stops, generator=None):
+    """draft's Draft with ONE host sync a round: the command lines' drafter loop. It differs in how:
+    every decision stays on the device, so it runs min(steps, masks in the window) forwards, those
+    past the drafter's stop revealing nothing. Held equal to draft: tests/test_fast.py."""
+    B, mask_id, W = rule.block_size, rule.mask_id, (1 + ahead) * rule.block_size
+    steps, threshold, stop, gamma = s.draft_steps, s.draft_threshold, s.draft_stop, s.gamma
+    window = torch.cat([front.block, front.block.new_full((ahead * B,), mask_id)])
+    pos = front.pos[0] + torch.arange(W, device=window.device)
+    block_of = torch.arange(W, device=window.device) // B
+    tau, key = torch.zeros_like(window), torch.zeros_like(window)    # step label, draft order
+    p_at, alive, more = None, torch.ones((), dtype=torch.bool, device=window.device), []
+    ends = to_device(sorted(stops), window.device)
+    for t in range(1, min(steps, front.n_masked + ahead * B) + 1):
+        logits = sess.forward(window, pos, keep=W)
+        masked = window == mask_id
+        active = masked.view(-1, B).any(-1).int().argmax()     # the first block with a mask
+        alive &= ~(torch.isin(window, ends) & (block_of < active)).any()
+        can = masked & (block_of == active) & alive
+        conf = rule.best(logits)[1].masked_fill(~can, -1.0)
+        rank = conf.sort(descending=True, stable=True).indices.argsort()  # each position's
+        n = (conf.double() > threshold).sum().clamp(min=1) if threshold else torch.ones_like(active)
+        reveal = can & (rank < torch.minimum(n, gamma - (tau > 0).sum()))
+        p, tok = rule.probs(logits), rule.pick(logits, generator)[0]
+        window, left = torch.where(reveal, tok, window), conf.masked_fill(reveal, -1.0)
+        best = left.argmax()          # the surest position the step left masked, and its token
+        best = torch.where(reveal.any() & (left[best] >= 0), best, -1)
+        more.append(torch.stack([best, tok[best.clamp(min=0)]]))
+        tau, key = torch.where(reveal, t, tau), torch.where(reveal, t * W + rank, key)
+        p_at = p if p_at is None else torch.where(reveal[:, None], p, p_at)
+        if stop:                                   # the best confidence left, below `stop`
+            best_left = conf.masked_fill(reveal, -1.0).amax()
+            alive &= (best_left < 0) | (best_left.double() >= stop)   # (as the loop compares)
+    reach = p_at.gather(-1, window[:, None]).squeeze(-1)
+    tokens, tau, key, reach, more = to_host(window, tau, key, reach, torch.stack(more))  # one sync
+    at = sorted((i for i in range(W) if tau[i]), key=key.__getitem__)
+    reach = list(accumulate((reach[i] for i in at), lambda a, b: a * b))   # p_draft's product
+    return Draft(at, [tokens[i] for i in at], [tau[i] for i in at],
+                 p_at[to_device(at, window.device)], reach,
+                 {t: tuple(x) for t, x in enumerate(more, 1) if x[0] >= 0})
 
 
 def compile_static(model, **options):

@@ -19,8 +19,8 @@ from decode import (Advance, DecodeRule, Frontier, Session, check_prompt, round_
                     to_device, to_host)
 from verify import Guesses, lossless_round, no_extra, verify_copies, walk
 
-DRAFT_THRESHOLD, DRAFT_STOP = 0.5, 0.3   # measured on the embedded pair (docs/results.md)
-DRAFT_STEPS, LOOKAHEAD = {4: 3}, 3   # drafter forwards a round by B (else 1); blocks drafted ahead
+DRAFT_THRESHOLD, DRAFT_STOP = 0.9, 0.3   # the rule's threshold: a drafter step as the target's
+DRAFT_STEPS, LOOKAHEAD = {4: 3, 8: 3}, 3   # drafter forwards a round by B (else 2); blocks ahead
 
 
 @dataclass
@@ -31,6 +31,7 @@ class Draft:
     tau: list       # step labels 1, 2, ... (equal within one drafter step)
     p_draft: torch.Tensor = None   # (n, V) the drafter's distribution where each was drafted
     reach: list = None             # p_draft's running product: the odds of reaching each
+    more: dict = None              # step label -> (position, token): the surest it left masked
 
 
 @dataclass
@@ -44,7 +45,8 @@ class Settings:
     draft_stop: float = DRAFT_STOP             # and stops once the best left is below this
     rope_copy: bool = True       # temporal: slots at their tokens' RoPE positions (ablation)
     fuse_commit: bool = True     # decode.Session's
-    draft: callable = None       # the drafter's loop (None: draft; draft_one_sync: one host sync)
+    vary: bool = True            # the walk's copies: each step's siblings too (drafted_states)
+    draft: callable = None       # the drafter's loop (None: draft; fast.draft_one_sync: one sync)
     walk: callable = walk        # the lossless walk (verify.walk_one_sync: the same, one host sync)
     cut: callable = None         # Guesses -> the copies verified (fast.cutter)
     propose: callable = None     # (front, blocks ahead) -> Draft, instead of a drafter
@@ -57,7 +59,7 @@ class Settings:
         k = (0 if self.verifier == "temporal" else LOOKAHEAD) if k is None else k
         gamma = B * (1 + k) if gamma is None else gamma
         if steps is None:     # one token a step (no draft_threshold): gamma steps, the paper's
-            steps = DRAFT_STEPS.get(B, 1) if self.draft_threshold else gamma
+            steps = DRAFT_STEPS.get(B, 2) if self.draft_threshold else gamma
         return replace(self, lookahead=k, gamma=gamma, draft_steps=steps).check()
 
     def check(self):
@@ -85,7 +87,7 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
     B, mask_id, gamma = rule.block_size, rule.mask_id, s.gamma
     window = list(front.host) + [mask_id] * (ahead * B)      # all masks past the open block
     pos = front.pos[0] + torch.arange(len(window), device=front.pos.device)
-    d, p_draft = Draft([], [], []), []
+    d, p_draft = Draft([], [], [], more={}), []
     for t in range(1, s.draft_steps + 1):
         if mask_id not in window or len(d.pos) == gamma:
             break
@@ -102,6 +104,8 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
         for i in masked[:n]:
             window[i] = tokens[i]
             d.pos.append(i), d.tokens.append(tokens[i]), d.tau.append(t), p_draft.append(probs[i])
+        if masked[n:]:
+            d.more[t] = masked[n], tokens[masked[n]]
         if s.draft_stop and masked[n:] and conf[masked[n]] < s.draft_stop:
             break
     d.p_draft = torch.stack(p_draft)      # reach: the running product of p_draft(d_i)
@@ -110,63 +114,51 @@ def draft(sess, front, rule, s, ahead, stops, generator=None):
     return d
 
 
-def draft_one_sync(sess, front, rule, s, ahead, stops, generator=None):
-    """draft's Draft with ONE host sync a round: the command lines' drafter loop. It differs in how:
-    every decision stays on the device, so it runs min(steps, masks in the window) forwards, those
-    past the drafter's stop revealing nothing. Held equal to draft: tests/test_fast.py."""
-    B, mask_id, W = rule.block_size, rule.mask_id, (1 + ahead) * rule.block_size
-    steps, threshold, stop, gamma = s.draft_steps, s.draft_threshold, s.draft_stop, s.gamma
-    window = torch.cat([front.block, front.block.new_full((ahead * B,), mask_id)])
-    pos = front.pos[0] + torch.arange(W, device=window.device)
-    block_of = torch.arange(W, device=window.device) // B
-    tau, key = torch.zeros_like(window), torch.zeros_like(window)    # step label, draft order
-    p_at, alive = None, torch.ones((), dtype=torch.bool, device=window.device)
-    ends = to_device(sorted(stops), window.device)
-    for t in range(1, min(steps, front.n_masked + ahead * B) + 1):
-        logits = sess.forward(window, pos, keep=W)
-        masked = window == mask_id
-        active = masked.view(-1, B).any(-1).int().argmax()     # the first block with a mask
-        alive &= ~(torch.isin(window, ends) & (block_of < active)).any()
-        can = masked & (block_of == active) & alive
-        conf = rule.best(logits)[1].masked_fill(~can, -1.0)
-        rank = conf.sort(descending=True, stable=True).indices.argsort()  # each position's
-        n = (conf.double() > threshold).sum().clamp(min=1) if threshold else torch.ones_like(active)
-        reveal = can & (rank < torch.minimum(n, gamma - (tau > 0).sum()))
-        p, tok = rule.probs(logits), rule.pick(logits, generator)[0]
-        window = torch.where(reveal, tok, window)
-        tau, key = torch.where(reveal, t, tau), torch.where(reveal, t * W + rank, key)
-        p_at = p if p_at is None else torch.where(reveal[:, None], p, p_at)
-        if stop:                                   # the best confidence left, below `stop`
-            best_left = conf.masked_fill(reveal, -1.0).amax()
-            alive &= (best_left < 0) | (best_left.double() >= stop)   # (as the loop compares)
-    reach = p_at.gather(-1, window[:, None]).squeeze(-1)
-    tokens, tau, key, reach = to_host(window, tau, key, reach)          # the one host sync
-    at = sorted((i for i in range(W) if tau[i]), key=key.__getitem__)
-    reach = list(accumulate((reach[i] for i in at), lambda a, b: a * b))   # p_draft's product
-    return Draft(at, [tokens[i] for i in at], [tau[i] for i in at],
-                 p_at[to_device(at, window.device)], reach)
-
-
-def drafted_states(front, d, ahead, stops, mask_id, every=True):
+def drafted_states(front, d, ahead, stops, mask_id, every=True, vary=False):
     """A Draft's states as verify.Guesses (drawn: docs/design.md, section 6): the open block, its
     state after each draft (every) or drafter step, a later block's after the block before's
-    complete copy, and after a complete last one with no stop id, if `ahead` allows, the next's."""
+    complete copy, and after a complete last one with no stop id, if `ahead` allows, the next's.
+    Then, if `vary` (a copy a drafter step), each step's siblings (d.more): a rule that reveals
+    what IT is sure of often differs from a drafter step by one position, so the step's state
+    also goes one draft fewer, one more (the surest it left masked), and with its last draft
+    swapped for that one."""
     B, state, block, follows, odds = len(front.host), list(front.host), 0, -1, 1.0
-    rows = [(list(state), follows, odds, 0)]   # a copy: (state, after, reach, drafts it holds)
+    rows, side = [(list(state), follows, odds, 0)], []   # a copy: (state, after, reach, drafts)
     for i, p in enumerate(d.pos):
         if p // B > block:   # a drafter step stays in one block, so the last copy is complete
             assert mask_id not in rows[-1][0], f"draft {i} is past a block still masked"
             block, state, follows = p // B, [mask_id] * B, len(rows) - 1
             rows.append((list(state), follows, odds, i))
         state[p % B], odds = d.tokens[i], d.reach[i] if d.reach else 1.0
-        if every or i + 1 == len(d.pos) or d.tau[i + 1] != d.tau[i]:
+        ends = i + 1 == len(d.pos) or d.tau[i + 1] != d.tau[i]      # the step's last draft
+        if every or ends:
             rows.append((list(state), follows, odds, i + 1))
+        if ends and vary and d.more:       # (fewer: only if the step drafted more than this one)
+            more, fewer = d.more.get(d.tau[i]), i > 0 and d.tau[i - 1] == d.tau[i]
+            side += [(x, follows, odds, i) for x in siblings(state, p % B, more, mask_id, fewer)]
     if mask_id not in state and block < ahead and not stops.intersection(state):
         rows.append(([mask_id] * B, len(rows) - 1, odds, len(d.pos)))
+    seen = {(tuple(x), a) for x, a, _, _ in rows}
+    for row in side:                       # (a sibling may be a state drafted later, or another's)
+        if (tuple(row[0]), row[1]) not in seen:
+            seen.add((tuple(row[0]), row[1])), rows.append(row)
     states, after, reach, drafted = map(list, zip(*rows))
     copies = to_device(states, front.block.device) if len(states) > 1 else front.block[None]
     return Guesses(copies, [s.count(mask_id) for s in states],
                    after if max(after) >= 0 else None, reach, drafted)
+
+
+def siblings(state, last, more, mask_id, fewer):
+    """A drafter step's state varied by one position (drafted_states): without its last draft
+    (fewer), with `more` (position, token) added, and with `more` in place of its last draft;
+    those left with a mask (a complete one has nothing to go on to)."""
+    put = lambda x, i, t: [t if j == i else u for j, u in enumerate(x)]   # noqa: E731
+    without = put(state, last, mask_id)
+    out = [without] if fewer else []
+    if more is not None:
+        at = more[0] % len(state)
+        out += [put(state, at, more[1]), put(without, at, more[1])]
+    return [x for x in out if mask_id in x]
 
 
 def verify_temporal(sess, front, d, rule, rope_copy=True):
@@ -260,7 +252,8 @@ def copies_round(sess, rule, s, propose, stops, generator, counts):
     def guesses(front, tokens_left):
         blocks = min(s.lookahead, max(0, -(-tokens_left // rule.block_size)))   # left to decode
         d = propose(front, blocks)
-        return d, drafted_states(front, d, blocks, stops, rule.mask_id, every)
+        return d, drafted_states(front, d, blocks, stops, rule.mask_id, every,
+                                   vary=s.vary and not (s.accept or every))
     if s.accept is not None:                   # (every drafted state verified: no cut)
         def one_round(front, tokens_left):
             d, g = guesses(front, tokens_left)
@@ -281,7 +274,8 @@ def simsd_generate(target, drafter, prompt, max_new_tokens=64, rule=None, settin
     ids, stops = check_prompt(prompt, c, max_new_tokens), stop_ids(c, eos_id)
     longest = len(ids) + max_new_tokens           # + the scratch: a round's copies or window
     drafts = (1 + s.lookahead) * B if s.propose else min(s.gamma, (1 + s.lookahead) * B)
-    sessions = [Session(target, B, longest + (drafts + s.lookahead + 5) * B, s.fuse_commit)]
+    copies = drafts + s.lookahead + 3 * min(drafts, s.draft_steps) + 2   # (siblings: 3 a step)
+    sessions = [Session(target, B, longest + (copies + 3) * B, s.fuse_commit)]
     if (propose := s.propose) is None:                    # the drafter proposes
         if ((d := drafter.config).vocab_size, d.mask_token_id) != (c.vocab_size, c.mask_token_id):
             raise ValueError("drafter and target differ in vocabulary size or mask token id")

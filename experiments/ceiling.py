@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cli  # noqa: E402
-import speculate  # noqa: E402
+import fast  # noqa: E402
 from loading import util  # noqa: E402
 from measure.counts import counting  # noqa: E402
 from measure.graphs import graph_path, load_graph  # noqa: E402
@@ -58,7 +58,7 @@ def simsd_line(target, drafter, prompts, rule, n_new, K):
     tokens, forwards, ends = 0, 0, Counter()
     for ids in prompts:
         out, st = counting(simsd_generate)(target, drafter, ids, n_new, rule,
-                                           Settings(lookahead=K, draft=speculate.draft_one_sync))
+                                           Settings(lookahead=K, draft=fast.draft_one_sync))
         tokens, forwards = tokens + st["tokens"], forwards + st["nfe"]
         ends.update(st["round_ends"])
     return (f"B={rule.block_size:2d} simsd lookahead {K}: {tokens / forwards:.2f} tokens a target "

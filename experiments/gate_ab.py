@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import cli  # noqa: E402
 import fast  # noqa: E402
-import speculate  # noqa: E402
 import verify  # noqa: E402
 from decode import Frontier, Session, generate  # noqa: E402
 from loading import util  # noqa: E402
@@ -52,10 +51,10 @@ def main(block_size=4, prompts=40, passes=3, max_new_tokens=64, threads=2):
 
     def timed(sess, front, rule, s, ahead, stops, generator=None):
         t0 = time.perf_counter()
-        d = speculate.draft_one_sync(sess, front, rule, s, ahead, stops, generator)
+        d = fast.draft_one_sync(sess, front, rule, s, ahead, stops, generator)
         insitu.setdefault(ahead, []).append((time.perf_counter() - t0) / min(s.draft_steps, front.n_masked + ahead * B))
         return d
-    drafts = dict(always=timed, never=fast.gated(speculate.draft_one_sync, cost, dict(step_s=[1.0]), (1.0, 0.0)),
+    drafts = dict(always=timed, never=fast.gated(fast.draft_one_sync, cost, dict(step_s=[1.0]), (1.0, 0.0)),
                   gated=price("simsd", cli.DEFAULT_TARGET, tgt, rule, drf, table=cost).draft)
     runs = dict(threshold=lambda ids: generate(tgt, ids, max_new_tokens, rule), **{
         k: lambda ids, d=d: simsd(tgt, drf, ids, max_new_tokens, rule, draft=d, walk=verify.walk_one_sync, cut=cut)
@@ -90,7 +89,7 @@ def main(block_size=4, prompts=40, passes=3, max_new_tokens=64, threads=2):
 
 
 def back_to_back(drafter, rule, prompt, ahead, calls=30):
-    """The median drafter step of speculate.draft_one_sync called again and again on one state, `ahead`
+    """The median drafter step of fast.draft_one_sync called again and again on one state, `ahead`
     blocks ahead: nothing between the calls."""
     B, s = rule.block_size, Settings().for_block(rule.block_size)
     n = len(prompt) // B * B
@@ -100,7 +99,7 @@ def back_to_back(drafter, rule, prompt, ahead, calls=30):
     times = []
     for _ in range(calls + 1):
         t0 = time.perf_counter()
-        speculate.draft_one_sync(sess, front, rule, s, ahead, set())
+        fast.draft_one_sync(sess, front, rule, s, ahead, set())
         times.append((time.perf_counter() - t0) / s.draft_steps)
     return statistics.median(times[1:])
 

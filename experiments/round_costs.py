@@ -12,7 +12,7 @@ only: the decoders themselves time nothing.
   hint              what the next round's guesses are read from (spiffy.ranks,
                     DecodeRule.best for the drafter-free references; inside the rule,
                     where a greedy step picks its tokens with it, the rule's)
-  proposing         the guesses: the drafter's loop around its forwards (speculate.draft_one_sync),
+  proposing         the guesses: the drafter's loop around its forwards (fast.draft_one_sync),
                     Spiffy's graph (draft_copies), trajectory / lookup, the drafted states
   loop, rest        everything else: the round loop, commits, stop checks, masks, positions
 
@@ -98,7 +98,7 @@ def time_the_parts(target, sync):
     timed(spiffy, "ranks", "hint", sync)
     timed(decode.DecodeRule, "best", lambda a: "rule" if stack and stack[-1][0] == "rule"
           else "hint", sync)
-    for owner, name in ((speculate, "draft_one_sync"), (spiffy, "draft_copies"), (variants, "trajectory"),
+    for owner, name in ((fast, "draft_one_sync"), (spiffy, "draft_copies"), (variants, "trajectory"),
                         (variants, "lookup_draft"), (speculate, "drafted_states")):
         timed(owner, name, "proposing", sync)
 
@@ -107,7 +107,7 @@ def methods(target, drafter, B, n_new):
     """name -> run(prompt ids): each method as the command lines compose it."""
     rule = cli.make_rule(target, B, cli.THRESHOLD)
     cut = fast.cutter(costs.cost_model(cli.DEFAULT_TARGET, target, B, None)[0], None, B)
-    kw, simsd = dict(cut=cut, walk=verify.walk_one_sync), dict(cut=cut, draft=speculate.draft_one_sync, walk=verify.walk_one_sync)
+    kw, simsd = dict(cut=cut, walk=verify.walk_one_sync), dict(cut=cut, draft=fast.draft_one_sync, walk=verify.walk_one_sync)
     graph = graphs.load_graph(graphs.graph_path(cli.DEFAULT_TARGET, rule), rule)
     return {
         "threshold": lambda ids: decode.generate(target, ids, n_new, rule),

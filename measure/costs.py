@@ -53,7 +53,7 @@ import torch
 import mask as masks
 from decode import DecodeRule, Session
 from loading.checkpoint import PRESETS
-from speculate import draft_one_sync
+from fast import draft_one_sync
 from verify import Guesses, verify_copies, walk_one_sync
 
 COPIES = (1, 2, 4, 8, 16)   # the copy counts measured; linear between them and past the last
@@ -165,7 +165,7 @@ def measure(model, B, repeats=5, cache_len=None, target=None):
 def measure_draft(target, drafter, B, repeats=5, path=None, table=None, new_blocks=8):
     """SimSD's drafting, as it runs: `repeats` prompts of random tokens decoded by
     speculate.simsd_generate (the target verifying, the threshold rule), each call of
-    speculate.draft_one_sync timed where it runs, between the target's forwards (experiments/gate_ab.py sets
+    fast.draft_one_sync timed where it runs, between the target's forwards (experiments/gate_ab.py sets
     it against one timed back to back), and by plain decoding, timed whole: its rounds put the
     times in `table`'s time base (a shared machine is faster or slower by the minute). -> the
     table's "draft": per blocks drafted ahead, 0 to LOOKAHEAD, the median drafter step (its

@@ -27,7 +27,7 @@ STATED = {"simsd": (3.0, 4.0), "spiffy": (1.2, 2.0)}
 class Pricing:
     """price()'s decisions, as the decoders take them."""
     cut: object = None        # Guesses -> the copies verified (fast.cutter), None: every copy
-    draft: object = speculate.draft_one_sync   # SimSD's drafter loop (fast.gated: only in rounds that pay)
+    draft: object = fast.draft_one_sync   # SimSD's drafter loop (fast.gated: only in rounds that pay)
     alone: bool = False       # the method's rounds would pay in none: its rule runs alone
     note: str = ""            # the above in words, for the summary line
     why: str = ""             # its last part: the reach table used, or why the rule runs alone
@@ -56,7 +56,7 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
                 stale=getattr(cost, "stale", None))
     drafting = costs.drafting(cost, drafter)
     if drafter is not None and (temporal or lossless):    # SimSD's drafter only where it pays
-        p.draft = fast.gated(speculate.draft_one_sync, cost, drafting, per_round)
+        p.draft = fast.gated(fast.draft_one_sync, cost, drafting, per_round)
     if per_round is not None and (temporal or lossless):  # even proposing at its cheapest
         cheapest = min((drafting or dict(step_s=[0.0]))["step_s"]) + (drafting or {}).get("round_s", 0.0)
         p.alone = not fast.pays(cost, per_round, cheapest)
@@ -132,7 +132,7 @@ class Learner(Counts):
             s, ahead = replace(s, draft_steps=1), 0
         step_s, k = self.drafting["step_s"], min(s.draft_steps, front.n_masked + ahead * len(front.host))
         spend = k * step_s[min(ahead, len(step_s) - 1)] + self.drafting.get("round_s", 0.0)
-        return speculate.draft_one_sync(sess, front, rule, s, ahead, stops, generator) if self.wants(spend) \
+        return fast.draft_one_sync(sess, front, rule, s, ahead, stops, generator) if self.wants(spend) \
             else speculate.Draft([], [], [], None, [])
 
     def cut(self, cut):

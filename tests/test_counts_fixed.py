@@ -37,6 +37,13 @@ bonus token), so a round that drafts nothing is the rule's own step. 3 of the 16
 moved: 1 greedy on the threshold rule, 2 sampled (the rule's draws); the 5 greedy one-token
 runs kept every token and count.
 
+Re-recorded 2026-12-07, evening: a drafter step reveals as the threshold rule would
+(speculate.DRAFT_THRESHOLD 0.5 -> 0.9; 2 drafter forwards a round above B = 8, not 1), and the
+lossless walk's copies include each drafter step's siblings (speculate.drafted_states). Plain and
+Spiffy kept every token and count; the 16 lossless SimSD runs kept every token (14 moved in
+counts); 30 of the 48 paper, gated and temporal runs moved in tokens (other drafts, accepted on
+their own terms), 43 in counts.
+
 A change that moves counts on purpose rewrites the fixture, and says so:
     python tests/test_counts_fixed.py --write
 """
@@ -50,7 +57,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import make_model  # noqa: E402
-import speculate  # noqa: E402
+import fast  # noqa: E402
 from decode import DecodeRule, generate  # noqa: E402
 from loading.checkpoint import PRESETS  # noqa: E402
 from variants import simsd as simsd_generate  # noqa: E402
@@ -107,7 +114,7 @@ def run(s):
         verifier = "temporal" if accept == "temporal" else "copies"
         out, st = simsd_generate(target, drafter, s["prompt"], s["max_new"], rule, verifier=verifier,
                                  acceptance="paper" if verifier == "temporal" else accept,
-                                 lookahead=s["lookahead"], draft=speculate.draft_one_sync, **kw)
+                                 lookahead=s["lookahead"], draft=fast.draft_one_sync, **kw)
     counts = {k: st[k] for k in KEYS if k in st}
     return out, json.loads(json.dumps(counts))    # (int keys of dicts as JSON has them)
 

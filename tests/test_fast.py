@@ -72,7 +72,7 @@ def test_the_one_sync_walk_changes_no_token_and_no_count(rule_name, temperature,
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_the_one_sync_draft_drafts_what_the_drafters_loop_drafts(temperature):
-    """speculate.draft_one_sync == speculate.draft, call by call: the same positions, tokens, step labels,
+    """fast.draft_one_sync == speculate.draft, call by call: the same positions, tokens, step labels,
     p_draft and reach, from open blocks with known positions or not, with blocks ahead or not,
     and every way the drafter stops (its steps, gamma, draft_stop, a stop id). The loop runs a
     forward a drafting step; the device form min(steps, masks in the window)."""
@@ -87,7 +87,7 @@ def test_the_one_sync_draft_drafts_what_the_drafters_loop_drafts(temperature):
                 (12, None, None, 12, False), (3, 1e-9, None, 12, False), (12, 0.02, None, 5, False),
                 (12, None, 0.5, 12, False), (12, None, None, 12, True), (2, None, None, 12, False))):
             drafts = []
-            for draft in speculate.draft, speculate.draft_one_sync:
+            for draft in speculate.draft, fast.draft_one_sync:
                 sess = Session(drafter, B, 64)
                 sess.prefill(torch.tensor(prompt(8)))
                 stops = frozenset(first.tokens[:1] if stop_id else ())   # case 0's first draft
@@ -97,7 +97,7 @@ def test_the_one_sync_draft_drafts_what_the_drafters_loop_drafts(temperature):
                 drafts.append((d, sess.nfe - 1))
             (a, loop_forwards), (b, device_forwards) = drafts
             first = first or a
-            assert (a.pos, a.tokens, a.tau, a.reach) == (b.pos, b.tokens, b.tau, b.reach)
+            assert (a.pos, a.tokens, a.tau, a.reach, a.more) == (b.pos, b.tokens, b.tau, b.reach, b.more)
             assert torch.equal(a.p_draft, b.p_draft)
             assert loop_forwards == a.tau[-1]
             assert device_forwards == min(steps, B - known + ahead * B)
@@ -107,7 +107,7 @@ def test_the_one_sync_draft_drafts_what_the_drafters_loop_drafts(temperature):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_the_one_sync_draft_writes_what_the_drafters_loop_writes(temperature):
-    """Whole decodes, the command lines' speculate.draft_one_sync against speculate.draft: the same tokens and
+    """Whole decodes, the command lines' fast.draft_one_sync against speculate.draft: the same tokens and
     target counts on every path, sampled ones too (the drafter's stream is seeded afresh each
     round, so a round the loop ends early leaves the next round's draws alone); the loop runs
     fewer drafter forwards."""
@@ -120,7 +120,7 @@ def test_the_one_sync_draft_writes_what_the_drafters_loop_writes(temperature):
     for n, path in itertools.product((3, 9, 14), paths):
         runs = [variants.simsd(target, drafter, prompt(n), 24, rule, eos_id=NO_EOS, draft=draft,
                                generator=torch.Generator().manual_seed(n), **path)
-                for draft in (speculate.draft, speculate.draft_one_sync)]
+                for draft in (speculate.draft, fast.draft_one_sync)]
         (loop, loop_stats), (device, device_stats) = runs
         assert loop == device and {k: v for k, v in counts(loop_stats).items() if "draft" not in k} \
             == {k: v for k, v in counts(device_stats).items() if "draft" not in k}, (n, path)

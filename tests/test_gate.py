@@ -11,7 +11,6 @@ import torch
 
 import cli
 import fast
-import speculate
 import verify
 from decode import Frontier, Session, generate
 from speculate import Settings
@@ -44,7 +43,7 @@ def run(pair, draft, n=48, **settings):
 
 def test_dear_drafting_never_runs_the_drafter_and_decodes_as_the_rule(pair):
     target, _, prompts, rule = pair
-    gate = fast.gated(speculate.draft_one_sync, flat_cost(), dict(step_s=[1.0] * 4), (3.0, 5.0))    # a second a step
+    gate = fast.gated(fast.draft_one_sync, flat_cost(), dict(step_s=[1.0] * 4), (3.0, 5.0))    # a second a step
     for ids, (out, st) in zip(prompts, run(pair, gate)):
         plain, pst = generate(target, ids, 48, rule)
         assert out == plain and st["nfe"] == pst["nfe"]
@@ -53,15 +52,15 @@ def test_dear_drafting_never_runs_the_drafter_and_decodes_as_the_rule(pair):
 
 
 def test_free_drafting_drafts_every_round_as_without_the_gate(pair):
-    gate = fast.gated(speculate.draft_one_sync, flat_cost(), dict(step_s=[1e-12] * 4), (3.0, 5.0))
-    for (out, st), (ref, rst) in zip(run(pair, gate), run(pair, speculate.draft_one_sync)):
+    gate = fast.gated(fast.draft_one_sync, flat_cost(), dict(step_s=[1e-12] * 4), (3.0, 5.0))
+    for (out, st), (ref, rst) in zip(run(pair, gate), run(pair, fast.draft_one_sync)):
         assert out == ref and (st["nfe"], st["nfe_draft"]) == (rst["nfe"], rst["nfe_draft"])
         assert "nothing drafted" not in st["round_ends"] and st["nfe_draft"] > 1
 
 
 def test_without_its_costs_the_gate_is_the_drafter_itself():
-    assert fast.gated(speculate.draft_one_sync, flat_cost(), None, (3.0, 5.0)) is speculate.draft_one_sync
-    assert fast.gated(speculate.draft_one_sync, flat_cost(), dict(step_s=[1.0]), None) is speculate.draft_one_sync
+    assert fast.gated(fast.draft_one_sync, flat_cost(), None, (3.0, 5.0)) is fast.draft_one_sync
+    assert fast.gated(fast.draft_one_sync, flat_cost(), dict(step_s=[1.0]), None) is fast.draft_one_sync
 
 
 def test_a_drafter_that_skips_rounds_catches_up_and_drafts_as_one_that_saw_every_block(pair):
@@ -72,7 +71,7 @@ def test_a_drafter_that_skips_rounds_catches_up_and_drafts_as_one_that_saw_every
     seen = []
 
     def recording(sess, front, rule, s, ahead, stops, generator=None):
-        d = speculate.draft_one_sync(sess, front, rule, s, ahead, stops, generator)
+        d = fast.draft_one_sync(sess, front, rule, s, ahead, stops, generator)
         seen.append((list(front.context), list(front.host), front.pos[0].item(), ahead, d.tokens))
         return d
     # the rule: 1 step a ms; drafted: 3 steps in k + 1 ms, more only when k = 1
@@ -88,7 +87,7 @@ def test_a_drafter_that_skips_rounds_catches_up_and_drafts_as_one_that_saw_every
         sess = Session(drafter, 4, start + 8 * 4)
         sess.prefill(torch.tensor(context))
         front = Frontier(torch.tensor(host), torch.arange(start, start + 4), host.count(rule.mask_id), host)
-        assert speculate.draft_one_sync(sess, front, rule, s, ahead, set()).tokens == tokens
+        assert fast.draft_one_sync(sess, front, rule, s, ahead, set()).tokens == tokens
 
 
 def test_the_tool_times_the_drafting_and_the_table_names_the_drafter(tmp_path):
@@ -130,7 +129,7 @@ def test_declined_rounds_on_the_temporal_mask_are_the_rules_own_steps(pair):
     """The temporal path is gated too: a round priced out proposes nothing, and the target's
     own step on the undrafted slots (speculate.accept_temporal) is then the rule's step."""
     target, _, prompts, rule = pair
-    gate = fast.gated(speculate.draft_one_sync, flat_cost(), dict(step_s=[1.0] * 4), (3.0, 0.5))
+    gate = fast.gated(fast.draft_one_sync, flat_cost(), dict(step_s=[1.0] * 4), (3.0, 0.5))
     for ids, (out, st) in zip(prompts, run(pair, gate, verifier="temporal", acceptance="paper")):
         plain, pst = generate(target, ids, 48, rule)
         assert out == plain and st["nfe"] == pst["nfe"] and st["nfe_draft"] <= 1
@@ -148,8 +147,8 @@ def test_the_command_lines_price_the_temporal_path_by_its_own_tables(pair):
     assert reach.method_of("simsd", "lookup", "temporal") == "simsd-lookup-temporal"
     assert reach.method_of("simsd", None, "temporal") == "simsd-temporal"
     assert price("simsd-temporal", where, target, rule, drafter, table=cost, lossless=False).draft \
-        is not speculate.draft_one_sync
-    assert price("simsd", where, target, rule, drafter, table=cost, lossless=False).draft is speculate.draft_one_sync
+        is not fast.draft_one_sync
+    assert price("simsd", where, target, rule, drafter, table=cost, lossless=False).draft is fast.draft_one_sync
     steps, _ = reach.per_round(where, "simsd-lookup-temporal", rule)
     alone = price("simsd-lookup-temporal", where, target, rule, table="flat", lossless=False)
     assert steps < fast.MARGIN and alone.alone and alone.why.endswith("the rule alone")

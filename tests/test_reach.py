@@ -12,7 +12,6 @@ import torch
 
 import cli
 import fast
-import speculate
 import verify
 from measure import costs, reach
 from measure.counts import counting, reach_check
@@ -97,7 +96,7 @@ def by_rank(method, B, embedded, table="shipped", times=1):
             g = load_graph(graph_path(TARGET, rule), rule)
             _, st = counting(spiffy_generate)(target, ids, 64, rule, graph=g, walk=verify.walk_one_sync, cut=cut)
         else:
-            _, st = simsd(target, drafter, ids, 64, rule, draft=speculate.draft_one_sync, walk=verify.walk_one_sync, cut=cut)
+            _, st = simsd(target, drafter, ids, 64, rule, draft=fast.draft_one_sync, walk=verify.walk_one_sync, cut=cut)
         for r, x in st["reach_by_rank"].items():
             got[r] = got.get(r, 0.0) + x
         for r, x in st["walked_by_rank"].items():

@@ -24,12 +24,13 @@ import torch
 import mask
 import variants
 
+import fast
 import speculate
 from decode import DecodeRule, Frontier, Session, generate
 from loading.checkpoint import PRESETS
 from speculate import Draft
 from measure.counts import Counts
-from verify import Guesses, verify_copies, walk
+from verify import verify_copies, walk
 
 MASK_ID = PRESETS["tiny"]["mask_token_id"]
 VOCAB = PRESETS["tiny"]["vocab_size"]
@@ -340,7 +341,7 @@ def test_drafter_equal_to_a_one_layer_target_accepts_everything_and_decodes_plai
         plain, _ = generate(target, prompt, max_new, rule, eos_id=NO_EOS)
         out, stats = variants.simsd(target, drafter, prompt, max_new, rule, gamma=gamma,
                                     draft_steps=gamma, eos_id=NO_EOS, draft_threshold=None,
-                                    draft_stop=None, **variant)
+                                    draft_stop=None, vary=False, **variant)   # (the chain alone)
         assert out == plain and len(set(out)) > 2
         rounds = drafted_per_round(B, prompt_len % B, max_new, gamma)
         assert stats["accept_hist"] == dict(sorted(Counter(rounds).items()))
@@ -516,24 +517,43 @@ def perturbed(model, seed, scale=0.1):
                                      dict(strategy="entropy_bounded", eb_threshold=0.5)],
                          ids=["static", "threshold", "random", "sequential", "entropy"])
 @pytest.mark.parametrize("B", [4, 8])
-def test_lossless_simsd_equals_plain_decoding(tiny_model, B, rule_kw, temperature):
-    """The target's rule walked through the drafter's exact states: plain decoding's tokens
-    (with the same seed when sampling), while drafts are both accepted and rejected."""
+def test_lossless_simsd_equals_plain_decoding(tiny_model, monkeypatch, B, rule_kw, temperature):
+    """The target's rule walked through the drafter's exact states and their siblings (no cost
+    table: every copy verified, within the block and drafting ahead): plain decoding's tokens
+    (with the same seed when sampling), while drafts are both accepted and rejected, and the
+    walk goes on from a sibling where the rule reveals what it is sure of."""
     target = tiny_model(n_layer=2, block_size=B, seed=0)
     drafter = perturbed(target, seed=1)
     rule = DecodeRule(MASK_ID, B, temperature=temperature, **rule_kw)
-    hist = Counter()
+    hist, chain, siblings = Counter(), {}, Counter()
+
+    def drafted_states(front, d, *args, **kw):     # each round's copies: the chain, then siblings
+        g = speculate.drafted_states.__wrapped__(front, d, *args, **kw)
+        chain[id(g.copies)] = len(drafted_states.__wrapped__(front, d, *args, vary=False).n_masked)
+        siblings["proposed"] += len(g.n_masked) - chain[id(g.copies)]
+        return g
+    drafted_states.__wrapped__ = speculate.drafted_states
+    monkeypatch.setattr(speculate, "drafted_states", drafted_states)
+
+    def walking(logits, g, *args):
+        w = walk(logits, g, *args)
+        siblings["walked"] += any(j >= chain[id(g.copies)] for j in w.visited)
+        return w
     for k, L in enumerate((3, B, 2 * B + 1, 5)):
         prompt, max_new = tokens(L, seed=20 + k), 3 * B
         plain, _ = generate(target, prompt, max_new, rule, eos_id=NO_EOS,
                             generator=torch.Generator().manual_seed(k))
         out, stats = variants.simsd(target, drafter, prompt, max_new, rule, acceptance="lossless",
                                     draft_threshold=rule_kw.get("threshold", 0.5), eos_id=NO_EOS,
-                                    draft_steps=3,
+                                    draft_steps=3, lookahead=(0, 3)[k % 2], walk=walking,
                                     generator=torch.Generator().manual_seed(k))
         assert out == plain, f"prompt {k}"
         hist.update(stats["accept_hist"])
     assert max(hist) >= 2 and hist[0] > 0, f"vacuous: accept histogram {dict(hist)}"
+    if rule.strategy in ("low_confidence_dynamic", "entropy_bounded"):    # a copy a drafter step
+        assert siblings["proposed"] and siblings["walked"], f"vacuous: siblings {dict(siblings)}"
+    else:                                                                  # a copy a draft
+        assert not siblings["proposed"]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampling"])
@@ -676,18 +696,18 @@ def test_sampled_simsd_commits_p_target_on_the_real_pipeline():
 def test_the_drafter_drafts_several_a_step_and_stops_when_unsure(tiny_model):
     """One token a step, or every one above draft_threshold at once, never past gamma, none
     once its best confidence left is below draft_stop: a drafter forward a drafting step
-    (speculate.draft_one_sync, every decision on the device: a fixed number, `steps`)."""
+    (fast.draft_one_sync, every decision on the device: a fixed number, `steps`)."""
     B = 8
     drafter = tiny_model(n_layer=1, block_size=B, seed=3)
     rule, front = DecodeRule(MASK_ID, B), front_of(torch.full((B,), MASK_ID), torch.arange(B))
     for (steps, threshold, stop, gamma, drafted, last_tau), draft in itertools.product((
             (B, None, None, B, B, B), (B, 1e-9, None, B, B, 1), (2, 1e-9, None, 3, 3, 1),
-            (B, None, 1.0, B, 1, 1), (3, None, None, B, 3, 3)), (speculate.draft, speculate.draft_one_sync)):
+            (B, None, 1.0, B, 1, 1), (3, None, None, B, 3, 3)), (speculate.draft, fast.draft_one_sync)):
         sess = Session(drafter, B, 4 * B)
         settings = speculate.Settings(gamma=gamma, draft_steps=steps, draft_threshold=threshold,
                                       draft_stop=stop)
         d = draft(sess, front, rule, settings, 0, frozenset())
-        forwards = steps if draft is speculate.draft_one_sync else last_tau
+        forwards = steps if draft is fast.draft_one_sync else last_tau
         assert (sess.nfe, len(d.pos), d.tau[-1]) == (forwards, drafted, last_tau), steps
         assert d.tau == sorted(d.tau) and len(set(d.pos)) == drafted
         # reach: the product of p_draft(d_i) over the drafts so far (the odds of reaching each)

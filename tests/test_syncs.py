@@ -112,7 +112,7 @@ def test_sampled_spiffy_syncs_once_a_walk_step(monkeypatch):
 
 
 def test_simsd_syncs_once_a_draft_and_once_a_walk(monkeypatch):
-    """SimSD with its drafter, greedy threshold rule, speculate.draft_one_sync and verify.walk_one_sync: every sync goes through
+    """SimSD with its drafter, greedy threshold rule, fast.draft_one_sync and verify.walk_one_sync: every sync goes through
     to_host (the stats count them all), ONE a drafting round (the draft read back: which
     positions, how many, when to stop and whether to go on past the block stay on the device)
     and one a target forward (the walk): two a target forward."""
@@ -122,7 +122,7 @@ def test_simsd_syncs_once_a_draft_and_once_a_walk(monkeypatch):
 
     def counted(*args, **kw):
         before = syncs.count
-        d = speculate.draft_one_sync(*args, **kw)
+        d = fast.draft_one_sync(*args, **kw)
         per_draft.append(syncs.count - before)
         return d
     settings = speculate.Settings(draft_steps=3, draft=counted, walk=verify.walk_one_sync)

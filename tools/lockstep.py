@@ -46,7 +46,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import fast  # noqa: E402
-import speculate  # noqa: E402
 import verify  # noqa: E402
 import model as model_module  # noqa: E402
 from measure.graphs import graph_path, load_graph  # noqa: E402
@@ -131,7 +130,7 @@ class Lockstep:
 def decoders(target, drafter, rule, graph, n):
     """name -> decode(prompt ids) -> n new ids: every decoder, with `rule` (a threshold rule)
     and the one-token-a-step rule, as the command lines run them on a GPU (verify.walk_one_sync, the
-    copies cut to the rows a static-shape graph holds; speculate.draft_one_sync); SimSD's drafter-free references need no
+    copies cut to the rows a static-shape graph holds; fast.draft_one_sync); SimSD's drafter-free references need no
     drafter, and Spiffy's `graph` is calibrated for `rule`."""
     plain, B = DecodeRule(rule.mask_id, rule.block_size), rule.block_size
     fast_path = dict(walk=verify.walk_one_sync, cut=fast.cutter(None, default_rows(None, "cuda", "static", B), B))
@@ -139,7 +138,7 @@ def decoders(target, drafter, rule, graph, n):
     def simsd(p, **kw):
         lossless = kw.get("verifier") != "temporal"
         return variants.simsd(target, None if "reference" in kw else drafter, p, n, rule,
-                              eos_id=-1, draft=speculate.draft_one_sync, **kw, **fast_path if lossless else {})[0]
+                              eos_id=-1, draft=fast.draft_one_sync, **kw, **fast_path if lossless else {})[0]
     return {"plain": lambda p: generate(target, p, n, plain, eos_id=-1)[0],
             "threshold": lambda p: generate(target, p, n, rule, eos_id=-1)[0],
             "simsd": lambda p: simsd(p),

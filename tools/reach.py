@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 import json  # noqa: E402
 
 import cli  # noqa: E402
-import speculate  # noqa: E402
+import fast  # noqa: E402
 import verify  # noqa: E402
 from decode import generate  # noqa: E402
 from loading import util  # noqa: E402
@@ -45,7 +45,7 @@ def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=Non
         else:
             ref = method.removeprefix("simsd").removesuffix("-temporal").removeprefix("-") or "drafter"
             _, st = simsd(target, drafter if ref == "drafter" else None, ids, max_new_tokens, rule,
-                          reference=ref, draft=speculate.draft_one_sync, walk=verify.walk_one_sync,
+                          reference=ref, draft=fast.draft_one_sync, walk=verify.walk_one_sync,
                           **dict(verifier="temporal", acceptance="paper") if temporal else {})
         for r, x in st["reach_by_rank"].items():
             reach_by[r] = reach_by.get(r, 0.0) + x

@@ -19,7 +19,7 @@ GPU_ROWS = 256    # the row cap's default on a GPU (see max_rows)
 MAX_BUCKET = 16   # static shapes: by default, queries of at most 16 blocks (fast.STATIC_ROWS rows)
 LEARNED = ("simsd", "spiffy")   # the defaults: their rounds priced as a request decodes (Learner)
 # a Learner's prior without a reach table (sampling has none): (steps, copies) a round, one a
-# proposer at every B, not fit to the tables (greedy, SimSD's: 2.87 / 1.68 / 1.42 steps at B = 4 / 8 / 32)
+# proposer at every B, not fit to the tables (greedy, SimSD's: 3.11 / 2.73 / 2.08 steps at B = 4 / 8 / 32)
 STATED = {"simsd": (3.0, 4.0), "spiffy": (1.2, 2.0)}
 
 

@@ -68,3 +68,20 @@ def test_a_draft_past_a_block_still_masked_trips_the_assert():
     front = Frontier(torch.tensor([M, M]), torch.arange(2), 2, [M, M])
     with pytest.raises(AssertionError, match="past a block still masked"):
         speculate.drafted_states(front, d, 1, frozenset(), M)
+
+
+def test_the_siblings_drawing_is_what_drafted_states_makes():
+    """docs/design.md's siblings drawing: one drafter step from [m m m m] drafts a (position 0),
+    then b (position 2); position 1, token c, is the surest it left masked."""
+    text = DESIGN.read_text().split("**Siblings: a drafter step's state, one position off.**")[1]
+    rows = {line.split()[0]: line.split()[1:] for line in text.split("\n\n")[1].splitlines()}
+    d = speculate.Draft([0, 2], [TOKEN["a"], TOKEN["b"]], [1, 1], None, [0.5, 0.25], {1: (1, TOKEN["c"])})
+    front = Frontier(torch.tensor([M] * 4), torch.arange(4), 4, [M] * 4)
+    g = speculate.drafted_states(front, d, 0, frozenset(), M, every=False, vary=True)
+    states = [t for t in rows["state"] if not t.startswith("(")]
+    assert [TOKEN[t] for t in states] == g.copies.flatten().tolist()
+    assert [int(a) for a in rows["after"]] == (g.after or [-1] * len(g.n_masked))
+    assert len(rows["copy"]) - rows["copy"].count("(fewer)") - rows["copy"].count("(more)") \
+        - rows["copy"].count("(swapped)") == len(g.n_masked)
+    alone = speculate.drafted_states(front, d, 0, frozenset(), M, every=False)     # vary off
+    assert alone.copies.tolist() == g.copies[:2].tolist()

@@ -725,7 +725,7 @@ def test_the_drafter_drafts_several_a_step_and_stops_when_unsure(tiny_model):
     (dict(gate=0.0), "gate must be in"),
     (dict(gate=1.5), "gate must be in"),
     (dict(draft_threshold=-0.1), r"draft_threshold and draft_stop must be in \(0, 1\]: -0.1"),
-    (dict(draft_stop=2.0), r"draft_threshold and draft_stop must be in \(0, 1\]: 0.5, 2.0"),
+    (dict(draft_stop=2.0), r"draft_threshold and draft_stop must be in \(0, 1\]: 0.9, 2.0"),
 ])
 def test_bad_variant_settings_raise(tiny_model, kwargs, message):
     model = tiny_model(n_layer=1)

@@ -127,9 +127,8 @@ def draft_one_sync(sess, front, rule, s, ahead, stops, generator=None):
         reveal = can & (rank < torch.minimum(n, gamma - (tau > 0).sum()))
         p, tok = rule.probs(logits), rule.pick(logits, generator)[0]
         window, left = torch.where(reveal, tok, window), conf.masked_fill(reveal, -1.0)
-        best = left.argmax()          # the surest position the step left masked, and its token
-        best = torch.where(reveal.any() & (left[best] >= 0), best, -1)
-        more.append(torch.stack([best, tok[best.clamp(min=0)]]))
+        best = left.argmax(0, keepdim=True)   # the surest position the step left masked, its token
+        more.append(torch.cat([torch.where(reveal.any() & (left[best] >= 0), best, -1), tok[best]]))
         tau, key = torch.where(reveal, t, tau), torch.where(reveal, t * W + rank, key)
         p_at = p if p_at is None else torch.where(reveal[:, None], p, p_at)
         if stop:                                   # the best confidence left, below `stop`

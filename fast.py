@@ -48,14 +48,17 @@ def gated(draft, cost, drafting, per_round):
     drafter's cache catches up when it next runs. Without drafting or per_round: `draft`."""
     if not drafting or not per_round:
         return draft
-    step_s, round_s = drafting["step_s"], drafting.get("round_s", 0.0)
 
     def gated_draft(sess, front, rule, s, ahead, stops, generator=None):
-        k = min(s.draft_steps, front.n_masked + ahead * len(front.host))      # as draft runs
-        spend = k * step_s[min(ahead, len(step_s) - 1)] + round_s
         return draft(sess, front, rule, s, ahead, stops, generator) if pays(
-            cost, per_round, spend) else Draft([], [], [], None, [])
+            cost, per_round, spend(drafting, s, front, ahead)) else Draft([], [], [], None, [])
     return gated_draft
+
+
+def spend(drafting, s, front, ahead):
+    """A drafted round's seconds of proposing by a cost table's `drafting` prices (see gated)."""
+    k, step_s = min(s.draft_steps, front.n_masked + ahead * len(front.host)), drafting["step_s"]
+    return k * step_s[min(ahead, len(step_s) - 1)] + drafting.get("round_s", 0.0)   # as draft runs
 
 
 def prefix(g, n):
@@ -132,7 +135,7 @@ def draft_one_sync(sess, front, rule, s, ahead, stops, generator=None):
         tau, key = torch.where(reveal, t, tau), torch.where(reveal, t * W + rank, key)
         p_at = p if p_at is None else torch.where(reveal[:, None], p, p_at)
         if stop:                                   # the best confidence left, below `stop`
-            best_left = conf.masked_fill(reveal, -1.0).amax()
+            best_left = left.amax()
             alive &= (best_left < 0) | (best_left.double() >= stop)   # (as the loop compares)
     reach = p_at.gather(-1, window[:, None]).squeeze(-1)
     tokens, tau, key, reach, more = to_host(window, tau, key, reach, torch.stack(more))  # one sync

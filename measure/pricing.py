@@ -130,8 +130,7 @@ class Learner(Counts):
         cheapest: one drafter step, the open block only."""
         if self.rounds + 1 == self.back:
             s, ahead = replace(s, draft_steps=1), 0
-        step_s, k = self.drafting["step_s"], min(s.draft_steps, front.n_masked + ahead * len(front.host))
-        spend = k * step_s[min(ahead, len(step_s) - 1)] + self.drafting.get("round_s", 0.0)
+        spend = fast.spend(self.drafting, s, front, ahead)
         return fast.draft_one_sync(sess, front, rule, s, ahead, stops, generator) if self.wants(spend) \
             else speculate.Draft([], [], [], None, [])
 

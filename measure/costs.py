@@ -284,11 +284,27 @@ def cost_of(table):
     return cost
 
 
-def drafting(cost, drafter):
+def drafting(cost, drafter, target=None):
     """`cost`'s table's "draft" (fast.gated's prices) if it timed a drafter of this one's shape;
-    else None (every round drafts)."""
+    else, given the target, a stated model ("stated": its ratio): a drafter step costs the target's
+    forward of the same rows times the ratio of their active parameters; else None (drafting free)."""
     d = getattr(cost, "drafting", None)
-    return d if d and drafter is not None and d["model"] == model_shape(drafter.config) else None
+    if cost is None or drafter is None:
+        return None
+    if d and d["model"] == model_shape(drafter.config):
+        return d
+    if target is None:
+        return None
+    ratio = active_params(drafter) / active_params(target)
+    return dict(step_s=[ratio * cost(1 + k) for k in range(4)], round_s=0.0, stated=ratio)
+
+
+def active_params(model):
+    """The parameters one token's forward uses: a mixture of experts' top_k of its experts."""
+    c, total = model.config, sum(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for b in model.layers if c.n_experts and hasattr(b.mlp, "router")
+                  for p in (b.mlp.gate, b.mlp.up, b.mlp.down))
+    return total - experts * (1 - c.top_k / c.n_experts) if experts else total
 
 
 def flat(B):

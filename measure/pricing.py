@@ -54,7 +54,7 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
         else (None, "")                           # (the temporal path cuts no copies)
     p = Pricing(fast.cutter(cost, rows, rule.block_size, scale), max_rows=rows, cost=cost,
                 stale=getattr(cost, "stale", None))
-    drafting = costs.drafting(cost, drafter)
+    drafting = costs.drafting(cost, drafter, None if table == "flat" else target)   # (flat: drafting free)
     if drafter is not None and (temporal or lossless):    # SimSD's drafter only where it pays
         p.draft = fast.gated(fast.draft_one_sync, cost, drafting, per_round)
     if per_round is not None and (temporal or lossless):  # even proposing at its cheapest
@@ -67,6 +67,8 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
         words = "drafting priced by " + words.replace("every copy verified", "every round drafts")
     else:
         words = "copies sized by " + words
+    if drafting and "stated" in drafting:
+        words += f"; drafting priced at {drafting['stated']:.2f}x a target forward (untimed: their active parameters)"
     if p.alone:
         shared = f" in a batch of {cost.batch}" if getattr(cost, "batch", 1) > 1 else ""
         reach_words = (f"B={rule.block_size} {method}: its rounds would not pay here{shared} ({per_round[0]:.2f} "

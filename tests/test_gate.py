@@ -110,6 +110,26 @@ def test_the_tool_times_the_drafting_and_the_table_names_the_drafter(tmp_path):
         costs.load(written, model, 4)
 
 
+def test_a_table_that_timed_no_drafter_prices_drafting_by_a_stated_model(pair):
+    """A drafter step priced as a target forward of the same rows times their parameters' ratio
+    (a mixture of experts': the top_k experts a token uses); said in the summary line; gated."""
+    target, drafter, _, rule = pair
+    ratio = sum(p.numel() for p in drafter.parameters()) / sum(p.numel() for p in target.parameters())
+    d = costs.drafting(flat_cost(), drafter, target)
+    assert d["stated"] == pytest.approx(ratio) and d["step_s"] == pytest.approx([ratio * 1e-3] * 4)
+    assert costs.drafting(flat_cost(), drafter) is None and costs.drafting(None, drafter, target) is None
+    p = price("simsd", ROOT / "models" / "target", target, rule, drafter, table=flat_cost())
+    assert f"drafting priced at {ratio:.2f}x a target forward" in p.note and p.draft is not fast.draft_one_sync
+    assert "drafting priced at" not in price("simsd", ROOT / "models" / "target", target, rule, drafter,
+                                             table="flat").note            # flat: drafting free
+    moe = dict(n_experts=4, moe_intermediate_size=16)
+    dense, half, whole = (make_model(**moe, top_k=k) if k else make_model() for k in (0, 2, 4))
+    experts = sum(p.numel() for n, p in half.named_parameters() if n.endswith(("mlp.gate", "mlp.up", "mlp.down")))
+    assert costs.active_params(dense) == sum(p.numel() for p in dense.parameters())
+    assert costs.active_params(whole) == sum(p.numel() for p in whole.parameters())
+    assert costs.active_params(half) == sum(p.numel() for p in half.parameters()) - experts / 2
+
+
 def test_a_flat_table_keeps_every_copy_and_prices_no_drafting():
     from verify import Guesses
     g = Guesses(torch.zeros(5, 4, dtype=torch.long), [4, 3, 2, 1, 0], None, [1.0, 0.9, 0.5, 0.1, 0.01])

@@ -91,14 +91,15 @@ def parse_method(name):
 
 
 def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strategy=None, target_dir=None,
-           priced=None, **simsd):
+           priced=None, temperature=0.0, **simsd):
     """-> f(prompt ids, max_new_tokens, models=None) -> (ids, stats): one method at block size B as a
     decoder.Decoder; `strategy` replaces the one-token rule of the methods without +threshold; priced:
     measure.pricing.price's keyword arguments (its cost table, row cap, device, compile and batch) for
     the speculative methods (None: unpriced, every copy verified). Each call's generator is seeded alike, so that `random` positions are
     comparable across methods."""
     base, threshold = parse_method(method)
-    rule = cli.make_rule(target, B, cli.THRESHOLD if threshold else None, strategy=None if threshold else strategy)
+    rule = cli.make_rule(target, B, cli.THRESHOLD if threshold else None, strategy=None if threshold else strategy,
+                         temperature=temperature)
     seeded = lambda: torch.Generator(target.embed.weight.device).manual_seed(0)
     if base in ("sdar", "plain"):
         dec = Decoder("none", target, rule, settings=dict(fuse_commit=base != "sdar"))
@@ -267,14 +268,14 @@ def check_args(methods, block_sizes, prompts, max_new_tokens, repeats, device, o
 
 
 def plan_runs(methods, block_sizes, tgt, drf, graphs, sweep, ablate, strategy, draft_budget, target_dir, priced,
-              tag="", **simsd):
+              tag="", temperature=0.0, **simsd):
     """(row name, B) -> (method, runner): every method at every B; the gamma sweep and the
     ablations as rows of their own; `tag` ends every row's name (" compiled"). simsd: SimSD's
     settings; priced: measure.pricing.price's keyword arguments, for the speculative methods."""
     plan = {}
     for B, m in ((B, m) for B in block_sizes for m in methods):
         base = parse_method(m)[0]
-        own = dict(draft_budget=draft_budget) if base == "spiffy" else simsd if base in SIMSD else {}
+        own = dict(dict(draft_budget=draft_budget) if base == "spiffy" else simsd if base in SIMSD else {}, temperature=temperature)
         own = dict(own, target_dir=target_dir, priced=priced) if base in (*SIMSD, "spiffy") else own
         variants = {m: {}}
         if sweep in SWEPT and base in SIMSD and base not in SWEPT[sweep] and B == block_sizes[0]:
@@ -333,7 +334,7 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
          prompts=100, max_new_tokens=64, device="cpu", dtype=None, compile=False, attention=None, repeats=1,
          data=None, chat=False, sweep=None, ablate=(), draft_budget=None, out=None, strategy=None,
          gate=None, draft_threshold=None, draft_stop=None, lookahead=None, speed_of_light=None, stop_ids=None, draft_steps=None,
-         cost_table=None, lookup_n=None, tasks="arith", max_rows=None, quick=False, batch=None):
+         cost_table=None, lookup_n=None, tasks="arith", max_rows=None, quick=False, batch=None, temperature=0.0):
     """Method flags (drafter ... draft_budget): None/() = the default, an error when no method
     uses them. speed_of_light: a preset or checkpoint directory: measure/sol.py's figures instead."""
     if speed_of_light:
@@ -363,12 +364,12 @@ def main(target=cli.DEFAULT_TARGET, drafter=None, block_sizes=(4,), methods=METH
     plans = {N: {k: v for end, (t, d) in pairs.items() for k, v in plan_runs(   # a batch of N: its own prices
         [m for m in methods if end != DRAFTER_COMPILED or parse_method(m)[0] in DRAFTED], block_sizes, t, d, graphs, sweep,
         ablate, strategy, draft_budget or DRAFT_BUDGET, target, dict(table=cost_table, max_rows=max_rows, device=device,
-        compile=compile, batch=N), end, **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
+        compile=compile, batch=N), end, temperature, **{k: v for k, v in simsd_kw.items() if v is not None}).items()}
         for N in batch or [1]}
     notes, plan = notes + list(dict.fromkeys(r.note for p in plans.values() for _, r in p.values() if r.note)), plans[1]
     cli.warn(*dict.fromkeys(c.stale for c, _ in cost.values() if c))   # a table measured on other code
     head = dict(target=str(target), drafter=str(drafter or cli.DEFAULT_DRAFTER), device=device, torch=torch.__version__, attention=attention,
-                tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats, **parallel.describe(tgt))
+                tasks=kind, prompts=len(tasks), max_new_tokens=max_new_tokens, repeats=repeats, temperature=temperature, **parallel.describe(tgt))
     if batch:   # many prompts decoded together: rows by batch size
         exact = tgt.embed.weight.dtype == torch.float32 and device == "cpu" and rows_keep_their_bits()   # else a rate
         return report(*by_batch(plans, batch, tasks, max_new_tokens, repeats, device, exact), notes, out, dict(head, batches=batch))
@@ -427,6 +428,7 @@ def parse_args(argv=None):
     rule.add_argument("--strategy", default=None, choices=STRATEGIES,
                       help="SDAR strategy for every method without +threshold (default: "
                            "low_confidence_static, one token a step)")
+    rule.add_argument("--temperature", type=float, default=0.0, help="every method's, 0 = greedy (every call seeded alike)")
     simsd = cli.simsd_flags(ap, variants=False)
     simsd.add_argument("--sweep", choices=["gamma", "lookahead", "steps", *PAIRS], help="rows for gamma = 1, 2, B/2, B, "
                        "K = 0..3, drafter steps 1, 2, 3, 4, 6, every copy verified (no cost table), or the tables alone (no learning)")

@@ -181,6 +181,21 @@ def test_bench_batch_pairs_each_ratio_by_pass(capsys):
             assert r[key] == pytest.approx(sorted(ratios)[1])
 
 
+def test_bench_samples_at_a_temperature_and_the_lossless_rows_draw_their_references_tokens(capsys):
+    """--temperature: every method's rule samples, each call seeded alike, so SimSD and Spiffy
+    draw exactly `threshold`'s tokens; the outputs are not the greedy ones."""
+    def run(*more):
+        status = bench.main(**bench.parse_args(["--prompts", "2", "--max-new-tokens", "16", "--methods",
+                                                "threshold,simsd,spiffy", *more]))
+        rec = last_json(capsys.readouterr().out)
+        return status, rec, {r["method"]: r for r in rec["results"]}
+    status, rec, rows = run("--temperature", "0.8")
+    assert status == 0 and rec["temperature"] == 0.8 and rec["lossless_ok"]
+    assert all(r["same_fraction"] == 1 for r in rows.values()) and len(rows) == 3
+    greedy = run()[2]
+    assert rows["threshold"]["output_digests"] != greedy["threshold"]["output_digests"]
+
+
 def test_compile_drafter_compiles_the_drafter_alone(monkeypatch, capsys):
     """--compile drafter: the drafter compiled ("auto"; dynamo's eager backend here, to be
     quick), the target left eager, and the same tokens as with nothing compiled."""

@@ -23,7 +23,7 @@ LAYERS = (   # top to bottom: a module imports its own layer and those below it,
     ("loading, and splitting over ranks", ("loading", "parallel")),
     ("the model", ("model", "mask")),
 )
-BUDGETS = {"sample.py": 160, "cli.py": 380, "bench.py": 445, "model.py": 350, "train.py": 350, "speculate.py": 300,
+BUDGETS = {"sample.py": 160, "cli.py": 380, "bench.py": 447, "model.py": 350, "train.py": 350, "speculate.py": 300,
            "spiffy.py": 300, "verify.py": 300, "variants.py": 300, "fast.py": 300,
            "serve/batch.py": 330, "parallel.py": 200}   # the batch path: 350 lines with what it changed in model.py
 DECODERS = ("decode", "verify", "speculate", "spiffy", "fast", "variants", "mask", "model")   # lines <= 100 characters

@@ -261,7 +261,7 @@ def costs_in(cost, N):
 
     def cost_n(n):
         return (one + (n - 1) * (two - one)) / N
-    cost_n.table, cost_n.drafting, cost_n.batch = cost.table, cost.drafting, N
+    cost_n.table, cost_n.drafting, cost_n.batch, cost_n.solo = cost.table, cost.drafting, N, cost
     cost_n.path, cost_n.stale = getattr(cost, "path", None), getattr(cost, "stale", None)
     return cost_n
 
@@ -286,8 +286,9 @@ def cost_of(table):
 
 def drafting(cost, drafter, target=None):
     """`cost`'s table's "draft" (fast.gated's prices) if it timed a drafter of this one's shape;
-    else, given the target, a stated model ("stated": its ratio): a drafter step costs the target's
-    forward of the same rows times the ratio of their active parameters; else None (drafting free)."""
+    else, given the target, a stated model ("stated": its ratio; a lower bound where per-layer latency
+    counts): a drafter step costs the target's solo forward of the same rows times the ratio of their
+    active parameters; else None (drafting free)."""
     d = getattr(cost, "drafting", None)
     if cost is None or drafter is None:
         return None
@@ -295,13 +296,15 @@ def drafting(cost, drafter, target=None):
         return d
     if target is None:
         return None
-    ratio = active_params(drafter) / active_params(target)
-    return dict(step_s=[ratio * cost(1 + k) for k in range(4)], round_s=0.0, stated=ratio)
+    ratio, solo = active_params(drafter) / active_params(target), getattr(cost, "solo", cost)   # (costs_in)
+    return dict(step_s=[ratio * solo(1 + k) for k in range(4)], round_s=0.0, stated=ratio)
 
 
 def active_params(model):
-    """The parameters one token's forward uses: a mixture of experts' top_k of its experts."""
+    """The parameters one token's forward uses: a mixture of experts' top_k of its experts, and no
+    input embedding but a tied one (an untied one is a lookup)."""
     c, total = model.config, sum(p.numel() for p in model.parameters())
+    total -= 0 if c.tie_embeddings else model.embed.weight.numel()
     experts = sum(p.numel() for b in model.layers if c.n_experts and hasattr(b.mlp, "router")
                   for p in (b.mlp.gate, b.mlp.up, b.mlp.down))
     return total - experts * (1 - c.top_k / c.n_experts) if experts else total

@@ -118,6 +118,12 @@ def test_a_table_that_timed_no_drafter_prices_drafting_by_a_stated_model(pair):
     d = costs.drafting(flat_cost(), drafter, target)
     assert d["stated"] == pytest.approx(ratio) and d["step_s"] == pytest.approx([ratio * 1e-3] * 4)
     assert costs.drafting(flat_cost(), drafter) is None and costs.drafting(None, drafter, target) is None
+    other = flat_cost()
+    other.drafting = dict(model="another shape", step_s=[1.0] * 4, round_s=0.0)     # timed, another drafter
+    assert costs.drafting(other, drafter, target)["stated"] == pytest.approx(ratio)
+    shared = costs.costs_in(costs.cost_of(dict(block_size=4, rows=[4, 64], seconds=[1e-3, 1e-3], batch=dict(
+        requests=[1, 16], one_s=[1e-3, 4e-3], two_s=[2e-3, 8e-3]))), 16)           # a request's share of a batch:
+    assert costs.drafting(shared, drafter, target)["step_s"] == pytest.approx([ratio * 1e-3] * 4)   # the solo price
     p = price("simsd", ROOT / "models" / "target", target, rule, drafter, table=flat_cost())
     assert f"drafting priced at {ratio:.2f}x a target forward" in p.note and p.draft is not fast.draft_one_sync
     assert "drafting priced at" not in price("simsd", ROOT / "models" / "target", target, rule, drafter,
@@ -125,9 +131,12 @@ def test_a_table_that_timed_no_drafter_prices_drafting_by_a_stated_model(pair):
     moe = dict(n_experts=4, moe_intermediate_size=16)
     dense, half, whole = (make_model(**moe, top_k=k) if k else make_model() for k in (0, 2, 4))
     experts = sum(p.numel() for n, p in half.named_parameters() if n.endswith(("mlp.gate", "mlp.up", "mlp.down")))
+    assert experts > 0
     assert costs.active_params(dense) == sum(p.numel() for p in dense.parameters())
     assert costs.active_params(whole) == sum(p.numel() for p in whole.parameters())
     assert costs.active_params(half) == sum(p.numel() for p in half.parameters()) - experts / 2
+    untied = make_model(tie_embeddings=False)
+    assert costs.active_params(untied) == sum(p.numel() for p in untied.parameters()) - untied.embed.weight.numel()
 
 
 def test_a_flat_table_keeps_every_copy_and_prices_no_drafting():

@@ -19,7 +19,7 @@ The format, one JSON object a file:
                 over the rule's tokens a step, its rule alone on the same problems; the drafts
                 over block_size, the rows they add)
     scale       per rank, (walked + PRIOR x pooled) / (reach + PRIOR), pooled the ratio of all
-                ranks' sums: a rank counted little borrows the pooled ratio
+                ranks' sums: a rank counted little borrows the pooled ratio (none proposed: [])
     problems, max_new_tokens, date, target: from what
 """
 import json
@@ -72,7 +72,7 @@ def read(path, method, rule):
     try:
         t = json.loads(Path(path).read_text())
         scale = t["scale"]
-        if not scale or not all(isinstance(s, (int, float)) and s >= 0 for s in scale):
+        if type(scale) is not list or not all(isinstance(s, (int, float)) and s >= 0 for s in scale):
             raise ValueError
     except OSError as e:
         raise ValueError(f"reach table {path} cannot be read ({e.strerror})") from None

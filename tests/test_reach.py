@@ -65,6 +65,17 @@ def test_the_tool_writes_a_table_the_reader_takes_and_refuses_for_another_rule(t
         reach.load(path, "spiffy", cli.make_rule(model, 4, 0.8))
     with pytest.raises(ValueError, match="was counted for method"):
         reach.load(path, "simsd", rule)
+    sampled = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--temperature", "0.8", "--block-size",
+                              "4", "--methods", "simsd-trajectory", "--problems", "2", "--max-new-tokens", "24"],
+                             capture_output=True, text=True, timeout=300)
+    assert sampled.returncode == 0, sampled.stderr
+    hot = cli.make_rule(model, 4, cli.THRESHOLD, 0.8)   # its own file, read only for its temperature
+    assert reach.table_path(tmp_path, "simsd-trajectory", hot).name == "reach_b4_simsd-trajectory_t0.9_T0.8.json"
+    path = reach.table_path(tmp_path, "simsd-trajectory", hot)
+    t = json.loads(path.read_text())   # (2 sampled problems may propose no copy: scale [], read as raw reach)
+    assert t["rule"]["temperature"] == 0.8 and reach.load(path, "simsd-trajectory", hot) == t["scale"]
+    with pytest.raises(ValueError, match="was counted for rule"):
+        reach.load(path, "simsd-trajectory", rule)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ same tables on any machine, busy or not. Calibrate on problems the bench and tes
 
     python tools/reach.py                    # models/target/reach_b{4,8,32}_{method}_t0.9.json
     python tools/reach.py --methods spiffy --block-size 32 --problems 100
+    python tools/reach.py --temperature 0.8   # sampled: reach_b4_spiffy_t0.9_T0.8.json, ...
 """
 import sys
 from datetime import date
@@ -15,6 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import json  # noqa: E402
+
+import torch  # noqa: E402
 
 import cli  # noqa: E402
 import fast  # noqa: E402
@@ -33,19 +36,21 @@ SMOKE_OUTPUT = r"reach_b4_simsd-trajectory_t0\.9\.json: raw reach / walked, wors
 
 
 def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=None):
-    """Every prompt by `method` (Spiffy's: on `graph`), every copy verified (on the temporal
+    """Every prompt by `method` (Spiffy's: on `graph`; sampled: each seeded alike), every copy verified (on the temporal
     mask: every draft) -> ({rank: raw reach summed}, {rank: walked}, {"rounds", "steps"
     walked, "copies" verified: summed}; a temporal round's steps: its tokens over the rule's
     own tokens a step, decoding the same prompts alone; its copies: drafts / block_size)."""
     reach_by, walked_by, rounds = {}, {}, dict(rounds=0, steps=0, copies=0)
     temporal, tokens, alone = method.endswith("-temporal"), 0, [0, 0]   # alone: (tokens, rounds)
     for ids in prompts:
+        seeded = torch.Generator(target.embed.weight.device).manual_seed(0) if rule.temperature else None
         if method == "spiffy":
-            _, st = counting(spiffy_generate)(target, ids, max_new_tokens, rule, graph=graph, walk=verify.walk_one_sync)
+            _, st = counting(spiffy_generate)(target, ids, max_new_tokens, rule, graph=graph, generator=seeded,
+                                              walk=verify.walk_one_sync)
         else:
             ref = method.removeprefix("simsd").removesuffix("-temporal").removeprefix("-") or "drafter"
             _, st = simsd(target, drafter if ref == "drafter" else None, ids, max_new_tokens, rule,
-                          reference=ref, draft=fast.draft_one_sync, walk=verify.walk_one_sync,
+                          reference=ref, draft=fast.draft_one_sync, walk=verify.walk_one_sync, generator=seeded,
                           **dict(verifier="temporal", acceptance="paper") if temporal else {})
         for r, x in st["reach_by_rank"].items():
             reach_by[r] = reach_by.get(r, 0.0) + x
@@ -56,7 +61,7 @@ def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=Non
             rounds["rounds"] += n
             rounds["copies"] += st["drafts"] / rule.block_size
             tokens += st["tokens"]
-            plain = generate(target, ids, max_new_tokens, rule)[1]
+            plain = generate(target, ids, max_new_tokens, rule, generator=seeded)[1]
             prefill = len(ids) >= rule.block_size      # (a forward only for a whole block)
             alone = [alone[0] + plain["tokens"], alone[1] + plain["nfe"] - prefill]
             continue
@@ -76,20 +81,22 @@ def shown(path):
 
 def main(target=cli.DEFAULT_TARGET, drafter=cli.DEFAULT_DRAFTER, block_sizes=(4, 8, 32),
          methods=("spiffy", "simsd", "simsd-trajectory"), threshold=cli.THRESHOLD, n_problems=160,
-         max_new_tokens=64, out=None):
+         max_new_tokens=64, out=None, temperature=0.0):
     """A reach table per (method, block size) on the threshold rule at `threshold`, from the
-    first n_problems training-split problems; every flag checked before the first table."""
+    first n_problems training-split problems, sampled at `temperature` (0: greedy); every flag
+    checked before the first table."""
     util.check_positive(problems=n_problems, max_new_tokens=max_new_tokens, block_size=min(block_sizes))
     if set(methods) - set(reach.METHODS):
         raise ValueError(f"unknown --methods {','.join(methods)}; choose from {', '.join(reach.METHODS)}")
-    cli.check_rule(threshold, 0.0, None, cli.EB_THRESHOLD)
+    cli.check_rule(threshold, temperature, None, cli.EB_THRESHOLD)
     out = Path(out or target)
     util.check_writable(out, "--out", folder=True)
+    out.mkdir(parents=True, exist_ok=True)
     drafted = {"simsd", "simsd-temporal"} & set(methods)
     tgt, tok, drf = cli.load_models(target, drafter if drafted else None, block_sizes)
     prompts = [tok.encode(f"Question: {p['question']}\nAnswer:") for p in problems(n_problems, "train")]
     for B in block_sizes:
-        rule = cli.make_rule(tgt, B, threshold)
+        rule = cli.make_rule(tgt, B, threshold, temperature)
         for m in methods:
             graph = load_graph(graph_path(target, rule), rule) if m == "spiffy" else None
             reach_by, walked_by, rounds = decode_all(m, tgt, drf, rule, prompts, max_new_tokens, graph)
@@ -114,12 +121,13 @@ def parse_args(argv=None):
     ap.add_argument("--threshold", type=float, default=cli.THRESHOLD, help="the threshold rule's")
     ap.add_argument("--problems", type=int, default=160, help="the first N training-split problems")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampled at it (0: greedy), each prompt seeded alike")
     ap.add_argument("--out", default=None, help="the folder to write to (default: --target)")
     a = vars(ap.parse_args(argv))
     return dict(target=a["target"], drafter=a["drafter"], threshold=a["threshold"],
                 block_sizes=util.int_list(a["block_size"], "--block-size"), out=a["out"],
                 methods=tuple(a["methods"].split(",")), n_problems=a["problems"],
-                max_new_tokens=a["max_new_tokens"])
+                max_new_tokens=a["max_new_tokens"], temperature=a["temperature"])
 
 
 if __name__ == "__main__":

@@ -55,8 +55,7 @@ class Decoder:
         counted (measure/counts.py)."""
         run, p = dict(generator=generator, on_block=on_block), self.pricing or Pricing()
         learner = p.learn() if p.learn else None   # this request's (the defaults, priced by tables)
-        devices = dict(walk=verify.walk_one_sync, cut=learner.cut(p.cut) if learner and self.method == "spiffy"
-                       else p.cut)
+        devices = dict(walk=verify.walk_one_sync, cut=learner.cut if learner and self.method == "spiffy" else p.cut)
         if self.method == "spiffy":
             return counting(spiffy_generate, learner)(target, ids, max_new_tokens, self.rule, **run, **devices,
                                                       **self.settings)

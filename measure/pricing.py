@@ -6,6 +6,7 @@ Nothing else in decoding reads a table, and nothing here times anything: the sam
 same decisions. The tables: measure/costs.py (seconds a forward, by query rows; a drafter step;
 a batch's share) and measure/reach.py (how often the walk visits each copy rank).
 """
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import torch
@@ -13,12 +14,12 @@ import torch
 import fast
 import speculate
 from measure import costs, reach
-from measure.counts import Counts
+from measure.counts import Counts, walked
 
 GPU_ROWS = 256    # the row cap's default on a GPU (see max_rows)
 MAX_BUCKET = 16   # static shapes: by default, queries of at most 16 blocks (fast.STATIC_ROWS rows)
 LEARNED = ("simsd", "spiffy")   # the defaults: their rounds priced as a request decodes (Learner)
-# a Learner's prior without a reach table (sampling has none): (steps, copies) a round, one a
+# a Learner's prior without a reach table (another rule or temperature): (steps, copies) a round, one a
 # proposer at every B, not fit to the tables (greedy, SimSD's: 3.11 / 2.73 / 2.08 steps at B = 4 / 8 / 32)
 STATED = {"simsd": (3.0, 4.0), "spiffy": (1.2, 2.0)}
 
@@ -62,7 +63,7 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
         p.alone = not fast.pays(cost, per_round, cheapest)
     if learn and cost is not None and method in LEARNED and lossless and table != "flat" and not p.alone:
         prior = per_round or STATED[method]   # the reach table's mean round, else a stated one
-        p.learn = lambda: Learner(cost, prior, drafting)
+        p.learn = lambda: Learner(cost, prior, drafting, scale, fast.cutter(cost, rows, rule.block_size))
     if temporal:   # (the temporal path prices its drafting; it cuts no copies)
         words = "drafting priced by " + words.replace("every copy verified", "every round drafts")
     else:
@@ -88,14 +89,18 @@ class Learner(Counts):
     worth at least OFF, it is on again; else off for twice as long. While on, a round speculates
     where its mean round (the tables', or the last probe's that paid) pays at its spend (the gate's
     question). Where the tables say no round pays, the rule runs alone, unlearned (probing there
-    cost this CPU 5-16% of its speed: docs/results.md). Counts only, never times: the same rounds,
-    the same decisions. It lives for one request (Decoder makes one a call)."""
-    WINDOW, OFF, WAIT = 4, 0.9, 64
+    cost this CPU 5-16% of its speed: docs/results.md). Spiffy's copies are valued by its own
+    reach scale per copy rank (`scale`). Counts only, never times: the same rounds, the same
+    decisions. It lives for one request (Decoder makes one a call)."""
+    WINDOW, OFF, WAIT, FADE, PRIOR = 4, 0.9, 64, 0.9, 1.0
 
-    def __init__(self, cost, per_round, drafting=None):
+    def __init__(self, cost, per_round, drafting=None, scale=None, sized=None):
         super().__init__()
+        self.prior, self.raw = scale or [1.0], None     # the reach table's scale per copy rank (none: raw)
+        self.sized = sized                              # Spiffy's copies cut and sized at a scale (fast.cutter)
+        self.seen = Counter()                           # ("reach" | "walked", rank): this request's copies
         self.drafting = drafting or dict(step_s=[0.0])   # (a drafter not timed: drafting free)
-        self.cost, self.est, self.rounds, self.wait, self.probe, self.seen = cost, per_round, 0, 1, False, None
+        self.cost, self.est, self.rounds, self.wait, self.probe, self.mean = cost, per_round, 0, 1, False, None
         self.on = False                                  # whether this round speculates
         self.back = 0                                    # the round speculation comes back (a probe)
 
@@ -110,15 +115,29 @@ class Learner(Counts):
         self.on = self.probe or self.rounds > self.back and fast.pays(self.cost, self.est, spend)
         return self.on
 
+    def scale(self):
+        """Per copy rank, the reach table's scale amended by the copies this request verified, as
+        the table is made (measure/reach.py): (walked + PRIOR x the table's) / (raw reach + PRIOR),
+        PRIOR one reach's worth (a request sees few rounds). What it saw fades by FADE a round, so
+        a rank cut for a low scale is bought again."""
+        at = lambda r: self.prior[min(r, len(self.prior)) - 1]   # noqa: E731
+        return [(self.seen["walked", r] + self.PRIOR * at(r)) / (self.seen["reach", r] + self.PRIOR)
+                for r in range(1, max([len(self.prior), *(r for _, r in self.seen)]) + 1)]
+
     def lossless(self, g, w):
         super().lossless(g, w)
         if not self.on:   # (a round that proposed, its copies cut to the open block: judged too)
             return
+        if self.raw is not None:   # Spiffy's: each verified copy's raw reach, and whether it was walked
+            self.seen = Counter({k: self.FADE * x for k, x in self.seen.items()})
+            for r, visited in enumerate(walked(g, w)[1:], 1):
+                self.seen["reach", r] += self.raw[r]
+                self.seen["walked", r] += visited
         counts = (len(w.path), len(g.n_masked) - 1)
-        x, prior = self.speed(counts, self.spend), self.seen or [self.speed(self.est, self.spend)] * self.WINDOW
-        self.seen = [x] * self.WINDOW if self.probe else prior[1:] + [x]   # (a probe: its round alone)
+        x, prior = self.speed(counts, self.spend), self.mean or [self.speed(self.est, self.spend)] * self.WINDOW
+        self.mean = [x] * self.WINDOW if self.probe else prior[1:] + [x]   # (a probe: its round alone)
         self.n["learned", "probes"] += self.probe
-        if sum(self.seen) >= self.OFF * self.WINDOW:
+        if sum(self.mean) >= self.OFF * self.WINDOW:
             if self.probe:
                 self.est, self.n["learned", "back on"] = counts, self.n["learned", "back on"] + 1
             self.wait = self.wait if self.probe else 1
@@ -136,9 +155,14 @@ class Learner(Counts):
         return fast.draft_one_sync(sess, front, rule, s, ahead, stops, generator) if self.wants(spend) \
             else speculate.Draft([], [], [], None, [])
 
-    def cut(self, cut):
-        """Spiffy's cut: `cut`'s copies where this round speculates, else the open block alone."""
-        return lambda g: (cut(g) if cut else g) if self.wants() else fast.prefix(g, 1)
+    def cut(self, g):
+        """Spiffy's cut: its copies sized at this request's reach scale (`scale`) where this round
+        speculates, else the open block alone."""
+        if not self.wants():
+            return fast.prefix(g, 1)
+        self.raw = g.reach
+        g = fast.calibrated(g, self.scale())
+        return self.sized(g) if self.sized else g
 
     def summary(self):
         return dict(super().summary(), learned=self.hist("learned"))

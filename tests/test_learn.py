@@ -10,10 +10,13 @@ tables say no round pays (the rule runs alone)."""
 from types import SimpleNamespace
 
 import pytest
+import torch
 
+import fast
 import sample
 from measure import costs
 from measure.pricing import Learner
+from verify import Guesses
 
 AMD_B4 = dict(block_size=4, rows=[4, 8, 16, 32, 64], seconds=[4.53e-3, 4.54e-3, 4.92e-3, 5.98e-3, 7.80e-3])
 DRAFT = dict(step_s=[1.92e-3, 1.70e-3, 1.80e-3, 1.96e-3], round_s=1.4e-4)
@@ -57,6 +60,23 @@ def test_a_proposer_comes_back_when_the_text_turns_predictable():
     assert lr.hist("learned")["back on"] == 1 and lr.hist("learned")["switched off"] >= 4
 
 
+def test_a_copy_rank_the_walk_does_not_visit_is_valued_less_and_later_again_as_the_table_says():
+    """Spiffy's reach per copy rank: the table's scale (prior), amended by the copies this
+    request verified. Copies the walk never visits lose half their value or more in 8 rounds; rounds
+    that verify none of them let the table's scale come back (FADE), so the rank is bought again."""
+    cost = costs.cost_of(AMD_B4)
+    lr = Learner(cost, (1.2, 2.0), scale=[1.0, 0.8], sized=fast.cutter(cost, None, 4))
+    cut = lr.cut
+    walks = SimpleNamespace(path=[None] * 6, crossed=[], visited=[], copies=[], host=None)   # (a round that pays)
+    g = Guesses(torch.zeros(4, 4, dtype=torch.long), [4, 3, 2, 1], None, [1.0, 0.9, 0.9, 0.9])
+    assert lr.scale() == [1.0, 0.8] and cut(g).reach == pytest.approx([1.0, 0.9, 0.72, 0.72])
+    for _ in range(8):
+        lr.lossless(cut(g), walks)             # verified, never walked
+    assert lr.scale()[0] < 0.5 and cut(g).reach[1] < 0.45
+    alone = Guesses(g.copies[:1], [4], None, [1.0])
+    for _ in range(40):
+        lr.lossless(cut(alone), walks)         # no copy of rank 1 verified: the table's returns
+    assert lr.scale()[0] > 0.9 and lr.n["learned", "switched off"] == 0
 
 
 @pytest.fixture(scope="module")

@@ -15,18 +15,15 @@ compares it with `threshold`, the others with `plain`, one token a step):
   spiffy+static   draft graphs from the target itself instead of a drafter (must equal plain)
   none, simsd, spiffy   sample.py's --spec names: what that spec runs (SPECS)
 
-Per row: tokens/s and its ratio to `threshold` and `sdar` in this run, forwards per token, tokens
+Per row: tokens/s (the median of --repeats passes, prompts interleaved, warm-up timed apart) and
+its ratio to `threshold` and `sdar` (the median of the passes' ratios), forwards per token, tokens
 per target forward (and its fraction of the limit B (1 + K), K the blocks a round can reach past
-its own), host syncs per target forward, accuracy, "same": the share of prompts whose output is
-its plain counterpart's, and "= eager", a compiled row's with its eager self. Prompts are
-interleaved, warm-up (compiling) is timed apart, wall time is the median over --repeats; the JSON
-is saved after each block size; the last line is one JSON object. Exit 1 if a lossless method or
-a compiled row changed a token in fp32 (in bf16: agreement rates). SimSD's drafter runs only in
-rounds it is expected to pay in (fast.gated: the cost table's drafting, tools/costs.py --drafter).
+its own), host syncs per target forward, accuracy, "same": the share of prompts whose output is its
+plain counterpart's, "= eager": a compiled row's with its eager self. The last line is one JSON
+object. Exit 1 if a lossless method or a compiled row changed a token in fp32 (bf16: rates).
 
     python bench.py --block-size 4,8,32 --prompts 40 --repeats 2 --out docs/bench.json
     python bench.py --quick                # smoke test, < 60 s on 2 CPU cores
-    python bench.py --compile both --block-size 4,8 --prompts 40   # eager and compiled rows, one run
     python bench.py --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --data gsm8k.jsonl \\
         --device cuda --dtype bfloat16 --compile --chat
 """
@@ -145,8 +142,7 @@ def measure(plan, tasks, max_new_tokens, tok, repeats, device, compiled):
             walls[key][r // len(tasks)] += time.perf_counter() - t0
             if r < len(tasks):
                 outs[key].append(out), stats[key].append(st)
-    return outs, {key: dict(summarize(stats[key], outs[key], tasks, tok, statistics.median(walls[key])),
-                            warmup_s=warmup[key]) for key in plan}, \
+    return outs, {key: dict(summarize(stats[key], outs[key], tasks, tok, walls[key]), warmup_s=warmup[key]) for key in plan}, \
         counters["stats"]["unique_graphs"] - graphs_after_warmup
 
 
@@ -185,8 +181,6 @@ def batch_rows(first, walls, batches, exact):
         if exact and not all(same) and not (tgt.buckets or drf and drf.buckets):   # buckets: a rate
             failed.append(f"{name} at B={B}, batch {N} differs from batch 1 on {len(same) - sum(same)} prompt(s)")
     at = {(r["method"], r["block_size"], r["batch"]): r for r in rows}
-    vs = lambda r, o: r["tokens"] / o["tokens"] * statistics.median(a / b for a, b in zip(
-        o["pass_wall_s"], r["pass_wall_s"])) if o else float("nan")   # x row o: the median of the passes' ratios
     for r in rows:   # (pass k of every row: in round k of by_batch)
         r["speedup_vs_threshold"], r["speedup_vs_batch_1"] = (vs(r, at.get(k)) for k in (
             ("threshold", r["block_size"], r["batch"]), (r["method"], r["block_size"], 1)))
@@ -201,14 +195,20 @@ def report(rows, failed, notes, out, head):
     return 1 if failed else 0
 
 
-def summarize(stats, outs, tasks, tok, wall):
-    """One method's prompts -> its row's figures (counts exact, wall time as measured)."""
+def vs(r, o):   # row r's tokens/s over row o's: the median of the passes' ratios (pass k of both in one round)
+    return float("nan") if o is None else r["tokens"] / o["tokens"] * statistics.median(
+        a / b for a, b in zip(o["pass_wall_s"], r["pass_wall_s"]))
+
+
+def summarize(stats, outs, tasks, tok, walls):
+    """One method's prompts -> its row's figures (counts exact; wall time as measured, each pass's)."""
     total = lambda key: sum((Counter(s.get(key, {})) for s in stats), Counter())
     tokens, nfe = sum(s["tokens"] for s in stats), sum(s["nfe"] for s in stats)
     hist = total("accept_hist") or total("steps_per_forward")    # SimSD's drafts, or Spiffy's steps
     rows, rows_draft, syncs = total("rows"), total("rows_draft"), sum(s["syncs"] for s in stats)   # rows: query rows -> forwards
     correct = sum(extract_answer(tok.decode(o)) == a for o, (_, a) in zip(outs, tasks) if a is not None)
-    return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, nfe=nfe, hist=dict(hist),
+    wall = statistics.median(walls)
+    return dict(tokens=tokens, pass_wall_s=walls, wall_s=wall, tokens_per_s=tokens / wall, nfe=nfe, hist=dict(hist),
                 round_ends=dict(total("round_ends")), stops=dict(Counter(s["stop"] for s in stats)),
                 target_fwd_per_token=nfe / tokens, tokens_per_target_fwd=tokens / nfe,
                 draft_fwd_per_token=sum(s.get("nfe_draft", 0) for s in stats) / tokens,
@@ -319,10 +319,10 @@ def compare(plan, outputs, results, tasks, exact):
     for r in rows:
         base, tag = {m["method"]: m for m in rows if m["block_size"] == r["block_size"]}, COMPILED * r["method"].endswith(COMPILED)
         for ref in ("sdar", "plain", "threshold"):
-            r[f"speedup_vs_{ref}"] = r["tokens_per_s"] / base[ref + tag]["tokens_per_s"] if ref + tag in base else float("nan")
+            r[f"speedup_vs_{ref}"] = vs(r, base.get(ref + tag))
         eager = r["method"].removesuffix(COMPILED).removesuffix(DRAFTER_COMPILED)
         if eager != r["method"]:       # the same method eager, in this run
-            r["speedup_vs_eager"] = r["tokens_per_s"] / base[eager]["tokens_per_s"]
+            r["speedup_vs_eager"] = vs(r, base[eager])
         sdar = base.get("sdar" + tag, dict(target_fwd_per_token=float("nan")))
         r["nfe_reduction_vs_sdar"] = sdar["target_fwd_per_token"] / r["target_fwd_per_token"]
         r["fraction_of_limit"] = r["tokens_per_target_fwd"] / (r["block_size"] * (1 + r["lookahead"]))

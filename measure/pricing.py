@@ -1,7 +1,8 @@
 """The pricing seam: what the cost and reach tables decide for one speculative decoder.
 
 price() decides how many copies a round verifies and how each is valued (`cut`), whether SimSD's
-drafter runs in a round (`draft`), and whether the method runs as its rule alone (`alone`).
+drafter runs in a round (`draft`), and whether the method runs as its rule alone (`alone`); for
+the defaults, a request's Learner (`learn`) amends the first two by the request's own rounds.
 Nothing else in decoding reads a table, and nothing here times anything: the same tables, the
 same decisions. The tables: measure/costs.py (seconds a forward, by query rows; a drafter step;
 a batch's share) and measure/reach.py (how often the walk visits each copy rank).
@@ -27,7 +28,7 @@ STATED = {"simsd": (3.0, 4.0), "spiffy": (1.2, 2.0)}
 @dataclass
 class Pricing:
     """price()'s decisions, as the decoders take them."""
-    cut: object = None        # Guesses -> the copies verified (fast.cutter), None: every copy
+    cut: object = None        # Guesses -> the copies verified (fast.cutter; Spiffy's default: Learner.cut), None: all
     draft: object = fast.draft_one_sync   # SimSD's drafter loop (fast.gated: only in rounds that pay)
     alone: bool = False       # the method's rounds would pay in none: its rule runs alone
     note: str = ""            # the above in words, for the summary line
@@ -96,11 +97,11 @@ class Learner(Counts):
 
     def __init__(self, cost, per_round, drafting=None, scale=None, sized=None):
         super().__init__()
-        self.prior, self.raw = scale or [1.0], None     # the reach table's scale per copy rank (none: raw)
+        self.table_scale, self.raw = scale or [1.0], None   # the reach table's scale per copy rank (none: raw)
         self.sized = sized                              # Spiffy's copies cut and sized at a scale (fast.cutter)
-        self.seen = Counter()                           # ("reach" | "walked", rank): this request's copies
+        self.verified = Counter()                       # ("reach" | "walked", rank): this request's copies
         self.drafting = drafting or dict(step_s=[0.0])   # (a drafter not timed: drafting free)
-        self.cost, self.est, self.rounds, self.wait, self.probe, self.mean = cost, per_round, 0, 1, False, None
+        self.cost, self.est, self.rounds, self.wait, self.probe, self.speeds = cost, per_round, 0, 1, False, None
         self.on = False                                  # whether this round speculates
         self.back = 0                                    # the round speculation comes back (a probe)
 
@@ -118,26 +119,27 @@ class Learner(Counts):
     def scale(self):
         """Per copy rank, the reach table's scale amended by the copies this request verified, as
         the table is made (measure/reach.py): (walked + PRIOR x the table's) / (raw reach + PRIOR),
-        PRIOR one reach's worth (a request sees few rounds). What it saw fades by FADE a round, so
-        a rank cut for a low scale is bought again."""
-        at = lambda r: self.prior[min(r, len(self.prior)) - 1]   # noqa: E731
-        return [(self.seen["walked", r] + self.PRIOR * at(r)) / (self.seen["reach", r] + self.PRIOR)
-                for r in range(1, max([len(self.prior), *(r for _, r in self.seen)]) + 1)]
+        PRIOR one reach's worth (a request sees few rounds). What it saw fades by FADE a round that
+        speculates, so a rank cut for a low scale is bought again. Past the last rank listed: the
+        table's own last scale (the rank after it, never verified)."""
+        at = lambda r: self.table_scale[min(r, len(self.table_scale)) - 1]   # noqa: E731
+        return [(self.verified["walked", r] + self.PRIOR * at(r)) / (self.verified["reach", r] + self.PRIOR)
+                for r in range(1, max([len(self.table_scale), *(r for _, r in self.verified)]) + 2)]
 
     def lossless(self, g, w):
         super().lossless(g, w)
         if not self.on:   # (a round that proposed, its copies cut to the open block: judged too)
             return
         if self.raw is not None:   # Spiffy's: each verified copy's raw reach, and whether it was walked
-            self.seen = Counter({k: self.FADE * x for k, x in self.seen.items()})
+            self.verified = Counter({k: self.FADE * x for k, x in self.verified.items()})
             for r, visited in enumerate(walked(g, w)[1:], 1):
-                self.seen["reach", r] += self.raw[r]
-                self.seen["walked", r] += visited
+                self.verified["reach", r] += self.raw[r]
+                self.verified["walked", r] += visited
         counts = (len(w.path), len(g.n_masked) - 1)
-        x, prior = self.speed(counts, self.spend), self.mean or [self.speed(self.est, self.spend)] * self.WINDOW
-        self.mean = [x] * self.WINDOW if self.probe else prior[1:] + [x]   # (a probe: its round alone)
+        x, last = self.speed(counts, self.spend), self.speeds or [self.speed(self.est, self.spend)] * self.WINDOW
+        self.speeds = [x] * self.WINDOW if self.probe else last[1:] + [x]   # (a probe: its round alone)
         self.n["learned", "probes"] += self.probe
-        if sum(self.mean) >= self.OFF * self.WINDOW:
+        if sum(self.speeds) >= self.OFF * self.WINDOW:
             if self.probe:
                 self.est, self.n["learned", "back on"] = counts, self.n["learned", "back on"] + 1
             self.wait = self.wait if self.probe else 1

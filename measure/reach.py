@@ -2,9 +2,10 @@
 a copy) is from the copies the walk visits, per copy rank, for one method, block size and
 rule; counted once with every copy verified on training-split problems (tools/reach.py) and
 saved next to the target's weights (like Spiffy's graphs and the cost tables). The cut
-(fast.cutter) reads the reach of copy rank r as min(1, scale[r] * raw reach): raw reach
+(fast.cutter) reads the reach of copy rank r as min(1, scale[r - 1] * raw reach): raw reach
 overstates the walk, most at B = 32 (docs/design.md), so the cut verified copies it then
-never walked. The proposers keep their raw reach; the reference never reads a table.
+never walked; Spiffy's default cut reads the scale as each request amends it
+(measure.pricing.Learner.scale). The proposers keep their raw reach; the reference never reads a table.
 
 The format, one JSON object a file:
     method      spiffy, simsd (a drafter's drafts), simsd-trajectory or simsd-lookup, each SimSD
@@ -106,7 +107,8 @@ def find(target_dir, method, rule):
     if not path.is_file():
         return None, (f"raw reach (no {path.name}: python tools/reach.py --target {target_dir} "
                       f"--methods {method} --block-size {rule.block_size})")
-    return load(path, method, rule), f"reach by {path.name}"
+    scale = load(path, method, rule)
+    return scale, f"reach by {path.name}" if scale else f"raw reach ({path.name} saw no copy)"
 
 
 def finder(target_dir, notes, alias=None):

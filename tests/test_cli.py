@@ -181,6 +181,18 @@ def test_bench_batch_pairs_each_ratio_by_pass(capsys):
             assert r[key] == pytest.approx(sorted(ratios)[1])
 
 
+def test_bench_ratios_are_the_median_of_the_passes_ratios(capsys):
+    """Without --batch too: x threshold is the median of pass k's ratios (prompts interleaved), not
+    a ratio of medians."""
+    status = bench.main(**bench.parse_args(["--prompts", "3", "--max-new-tokens", "8", "--methods", "threshold,spiffy",
+                                            "--repeats", "3"]))
+    rows = {r["method"]: r for r in last_json(capsys.readouterr().out)["results"]}
+    thr, r = rows["threshold"], rows["spiffy+threshold"]
+    ratios = [a / b * r["tokens"] / thr["tokens"] for a, b in zip(thr["pass_wall_s"], r["pass_wall_s"])]
+    assert status == 0 and len(r["pass_wall_s"]) == 3 and r["speedup_vs_threshold"] == pytest.approx(sorted(ratios)[1])
+    assert thr["speedup_vs_threshold"] == 1
+
+
 def test_bench_samples_at_a_temperature_and_the_lossless_rows_draw_their_references_tokens(capsys):
     """--temperature: every method's rule samples, each call seeded alike, so SimSD and Spiffy
     draw exactly `threshold`'s tokens; the outputs are not the greedy ones."""

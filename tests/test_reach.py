@@ -65,8 +65,9 @@ def test_the_tool_writes_a_table_the_reader_takes_and_refuses_for_another_rule(t
         reach.load(path, "spiffy", cli.make_rule(model, 4, 0.8))
     with pytest.raises(ValueError, match="was counted for method"):
         reach.load(path, "simsd", rule)
-    sampled = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--temperature", "0.8", "--block-size",
-                              "4", "--methods", "simsd-trajectory", "--problems", "2", "--max-new-tokens", "24"],
+    sampled = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--temperature", "0.8",
+                              "--block-size", "4", "--methods", "simsd-trajectory", "--problems", "2",
+                              "--max-new-tokens", "24"],
                              capture_output=True, text=True, timeout=300)
     assert sampled.returncode == 0, sampled.stderr
     hot = cli.make_rule(model, 4, cli.THRESHOLD, 0.8)   # its own file, read only for its temperature

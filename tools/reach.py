@@ -36,21 +36,24 @@ SMOKE_OUTPUT = r"reach_b4_simsd-trajectory_t0\.9\.json: raw reach / walked, wors
 
 
 def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=None):
-    """Every prompt by `method` (Spiffy's: on `graph`; sampled: each seeded alike), every copy verified (on the temporal
-    mask: every draft) -> ({rank: raw reach summed}, {rank: walked}, {"rounds", "steps"
-    walked, "copies" verified: summed}; a temporal round's steps: its tokens over the rule's
-    own tokens a step, decoding the same prompts alone; its copies: drafts / block_size)."""
+    """Every prompt by `method` (Spiffy's: on `graph`; sampled: each decoding seeded alike), every
+    copy verified (on the temporal mask: every draft) -> ({rank: raw reach summed}, {rank:
+    walked}, {"rounds", "steps" walked, "copies" verified: summed}; a temporal round's steps: its
+    tokens over the rule's own tokens a step, decoding the same prompts alone; its copies: drafts
+    / block_size)."""
     reach_by, walked_by, rounds = {}, {}, dict(rounds=0, steps=0, copies=0)
     temporal, tokens, alone = method.endswith("-temporal"), 0, [0, 0]   # alone: (tokens, rounds)
+
+    def seeded():   # each decoding's own generator, seeded alike (greedy: none)
+        return torch.Generator(target.embed.weight.device).manual_seed(0) if rule.temperature else None
     for ids in prompts:
-        seeded = torch.Generator(target.embed.weight.device).manual_seed(0) if rule.temperature else None
         if method == "spiffy":
-            _, st = counting(spiffy_generate)(target, ids, max_new_tokens, rule, graph=graph, generator=seeded,
+            _, st = counting(spiffy_generate)(target, ids, max_new_tokens, rule, graph=graph, generator=seeded(),
                                               walk=verify.walk_one_sync)
         else:
             ref = method.removeprefix("simsd").removesuffix("-temporal").removeprefix("-") or "drafter"
             _, st = simsd(target, drafter if ref == "drafter" else None, ids, max_new_tokens, rule,
-                          reference=ref, draft=fast.draft_one_sync, walk=verify.walk_one_sync, generator=seeded,
+                          reference=ref, draft=fast.draft_one_sync, walk=verify.walk_one_sync, generator=seeded(),
                           **dict(verifier="temporal", acceptance="paper") if temporal else {})
         for r, x in st["reach_by_rank"].items():
             reach_by[r] = reach_by.get(r, 0.0) + x
@@ -61,7 +64,7 @@ def decode_all(method, target, drafter, rule, prompts, max_new_tokens, graph=Non
             rounds["rounds"] += n
             rounds["copies"] += st["drafts"] / rule.block_size
             tokens += st["tokens"]
-            plain = generate(target, ids, max_new_tokens, rule, generator=seeded)[1]
+            plain = generate(target, ids, max_new_tokens, rule, generator=seeded())[1]
             prefill = len(ids) >= rule.block_size      # (a forward only for a whole block)
             alone = [alone[0] + plain["tokens"], alone[1] + plain["nfe"] - prefill]
             continue
@@ -121,7 +124,8 @@ def parse_args(argv=None):
     ap.add_argument("--threshold", type=float, default=cli.THRESHOLD, help="the threshold rule's")
     ap.add_argument("--problems", type=int, default=160, help="the first N training-split problems")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--temperature", type=float, default=0.0, help="sampled at it (0: greedy), each prompt seeded alike")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sampled at it (0: greedy), each decoding seeded alike")
     ap.add_argument("--out", default=None, help="the folder to write to (default: --target)")
     a = vars(ap.parse_args(argv))
     return dict(target=a["target"], drafter=a["drafter"], threshold=a["threshold"],

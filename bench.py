@@ -103,9 +103,9 @@ def runner(method, target, drafter, B, graphs, draft_budget=DRAFT_BUDGET, strate
     else:   # priced (measure/pricing.py): copies capped, calibrated, sized; SimSD's drafter only where it pays
         lossless = SIMSD.get(base, {}).get("acceptance", "lossless") == "lossless"
         drafter = drafter if base in DRAFTED else None
-        pricing = Pricing() if priced is None else price(ALIAS.get(base, base), target_dir, target, rule, drafter,
-                                                         lossless=lossless, **priced)
         settings = dict(simsd, **SIMSD[base]) if base in SIMSD else dict(graph=graphs(rule), draft_budget=draft_budget)
+        pricing = Pricing() if priced is None else price(ALIAS.get(base, base), target_dir, target, rule, drafter,
+                                                         lossless=lossless, settings=settings, **priced)
         dec = Decoder("simsd" if base in SIMSD else "spiffy", target, rule, drafter, settings, pricing)
     run = lambda ids, n, models=None: dec(ids, n, seeded(), models=models)   # noqa: E731
     run.warm = dict(zip(("target", "drafter"), dec.models), max_blocks=dec.max_blocks)

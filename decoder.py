@@ -98,6 +98,6 @@ def build(spec, target_dir, target, rule, drafter=None, *, settings=None, graph=
     if spec == "spiffy":   # (the graph is checked whether the rule runs alone or not)
         settings["graph"] = graphs.load_graph(graph or graphs.graph_path(target_dir, rule), rule)
     method = method_of(spec, settings.get("reference"), settings.get("verifier"))
-    pricing = price(method, target_dir, target, rule, drafter, **priced,
+    pricing = price(method, target_dir, target, rule, drafter, **priced, settings=settings,
                     lossless=settings.get("acceptance", "lossless") == "lossless")
     return Decoder(spec, target, rule, drafter, settings, pricing)

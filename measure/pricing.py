@@ -8,7 +8,8 @@ same decisions. The tables: measure/costs.py (seconds a forward, by query rows; 
 a batch's share) and measure/reach.py (how often the walk visits each copy rank).
 """
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from types import SimpleNamespace
 
 import torch
 
@@ -40,13 +41,14 @@ class Pricing:
 
 
 def price(method, target_dir, target, rule, drafter=None, *, table=None, max_rows=None, device="cpu",
-          compile=None, batch=1, lossless=True, learn=True):
+          compile=None, batch=1, lossless=True, learn=True, settings=None):
     """Pricing for `method` (measure/reach.METHODS: spiffy, simsd, simsd-lookup-temporal, ...; one
     ending in -temporal verifies on the paper's mask) on the model `target` (loaded from target_dir,
     where its tables lie) under `rule`, as one request of a batch of `batch` sees the price.
     table: --cost-table (None: the one beside the weights, "none", "flat", or a path), or a cost
     model (measure/costs.py's); lossless: False for the acceptance ablations, never gated; learn:
-    False for the tables' decisions alone (else a request's own rounds amend them: Learner)."""
+    False for the tables' decisions alone (else a request's own rounds amend them: Learner); settings:
+    the method's flags (SimSD's drafter steps and lookahead price the round it drafts)."""
     cost, words = (costs.costs_in(table, batch), "a given cost model") if callable(table) else \
         costs.cost_model(target_dir, target, rule.block_size, table, batch)
     temporal = method.endswith("-temporal")
@@ -59,9 +61,11 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
     drafting = costs.drafting(cost, drafter, None if table == "flat" else target)   # (flat: drafting free)
     if drafter is not None and (temporal or lossless):    # SimSD's drafter only where it pays
         p.draft = fast.gated(fast.draft_one_sync, cost, drafting, per_round)
-    if per_round is not None and (temporal or lossless):  # even proposing at its cheapest
-        cheapest = min((drafting or dict(step_s=[0.0]))["step_s"]) + (drafting or {}).get("round_s", 0.0)
-        p.alone = not fast.pays(cost, per_round, cheapest)
+    if per_round is not None and (temporal or lossless):  # a round as the decoder drafts it, from a fresh block
+        s = speculate.Settings(**{f.name: settings[f.name] for f in fields(speculate.Settings)
+                                  if f.name in (settings or {})}).for_block(rule.block_size)
+        fresh = SimpleNamespace(n_masked=rule.block_size, host=range(rule.block_size))
+        p.alone = not fast.pays(cost, per_round, fast.spend(drafting, s, fresh, s.lookahead) if drafting else 0.0)
     if learn and cost is not None and method in LEARNED and lossless and table != "flat" and not p.alone:
         prior = per_round or STATED[method]   # the reach table's mean round, else a stated one
         p.learn = lambda: Learner(cost, prior, drafting, scale, fast.cutter(cost, rows, rule.block_size))

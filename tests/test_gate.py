@@ -196,3 +196,15 @@ def test_a_request_in_a_batch_pays_its_share_of_the_round():
     # the rule alone, 1 ms a request-round; a copy 0.5 ms more: 1.3 steps for 0.5 copies no longer pay
     assert fast.pays(cost, (1.3, 0.5)) and not fast.pays(in16, (1.3, 0.5))
     assert not fast.pays(cost, (1.05, 0.0))          # 5% more steps for nothing: within the margin
+
+
+def test_simsd_runs_its_rule_alone_where_the_round_it_drafts_would_not_pay(pair):
+    """Decided at the spend of the round the decoder drafts (its drafter steps, at its lookahead),
+    not at the cheapest one: where that round would not pay, no round drafts, so the rule runs alone."""
+    target, drafter, _, rule = pair
+    cost, where = flat_cost(), ROOT / "models" / "target"
+    cost.drafting = dict(model=costs.model_shape(drafter.config), step_s=[1e-3] * 4, round_s=0.0)
+    steps, copies = reach.per_round(where, "simsd", rule)
+    assert not fast.pays(cost, (steps, copies), 3e-3) and fast.pays(cost, (steps, copies), 1e-3)
+    assert price("simsd", where, target, rule, drafter, table=cost).alone                  # 3 drafter steps a round
+    assert not price("simsd", where, target, rule, drafter, table=cost, settings=dict(draft_steps=1)).alone

@@ -1,18 +1,16 @@
 """Generate text with plain block-diffusion decoding, SimSD or Spiffy.
 
     python sample.py --spec simsd                       # embedded target + drafter, CPU
-    python sample.py --spec spiffy --block-size 32
+    python sample.py --spec spiffy --block-size 32 --cost-table none   # every copy verified
     python sample.py --spec none --prompt "ROMEO:" --temperature 0.8 --seed 1
-    python sample.py --spec none --strategy low_confidence_static      # one token a step
     python sample.py --spec simsd --prompts-file questions.jsonl --batch 8 --json   # many, together
-    python sample.py --spec simsd --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --chat \\
-        --device cuda --dtype bfloat16 --prompt "What is 17 * 23?"
+    python sample.py --spec simsd --target ~/SDAR-8B-Chat --drafter ~/SDAR-1.7B-Chat --chat --device cuda
 
 Parse, load, build the decoder (decoder.py), decode, print. Every method decodes with the threshold
 rule at 0.9 unless told otherwise; SimSD and Spiffy keep its output token for token, in fewer target
-forwards where the tables say copies pay. Text is printed block by block, then a one-line summary
-(--json: one JSON object). Bad input: one line `error: ...`, exit status 1. The calls from here to
-SimSD's first verification: docs/design.md, section 7.
+forwards where the tables say copies pay (else the rule alone). Text is printed block by block, then a
+summary line (--json: a JSON object). Bad input: one line `error: ...`, exit status 1. Section 7 of
+docs/design.md follows SimSD from here to its first verification.
 """
 import json
 import time
@@ -62,13 +60,16 @@ def main(spec="simsd", prompt=None, target=cli.DEFAULT_TARGET, prompts_file=None
     out, stats = dec(prompts[0], max_new_tokens, seeded(), None if as_json else on_block)
     print("\n" + summary(dec, stats, load_s))
     if as_json:
-        rest = {k: v for k, v in stats.items() if k not in ("nfe", "nfe_draft")}
-        print(json.dumps(dict(rest, text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"],
-                              nfe_draft=stats.get("nfe_draft", 0), load_s=load_s,
-                              attention=dec.target.attn_impl, **parallel.describe(dec.target),
-                              rule=cli.describe(dec.rule), cost_model=dec.pricing and dec.pricing.note,
-                              tokens_per_s=stats["tokens"] / stats["seconds"])))
+        print(json.dumps(record(dec, tok, out, stats, load_s)))
     return out, stats
+
+
+def record(dec, tok, out, stats, load_s):
+    """--json's object: the text, its ids, the counts and how they were decoded."""
+    rest = {k: v for k, v in stats.items() if k not in ("nfe", "nfe_draft")} | parallel.describe(dec.target)
+    return dict(rest, text=tok.decode(out), token_ids=out, nfe_target=stats["nfe"], nfe_draft=stats.get("nfe_draft", 0),
+                load_s=load_s, tokens_per_s=stats["tokens"] / stats["seconds"], attention=dec.target.attn_impl,
+                rule=cli.describe(dec.rule), cost_model=dec.pricing and dec.pricing.note)
 
 
 def load(spec="simsd", target=cli.DEFAULT_TARGET, *, device="cpu", dtype=None, stop_ids=None, block_size=None,

@@ -46,13 +46,18 @@ def load(path, device="cpu", dtype=None, stop_ids=None, split=None):
     if tok.vocab_size > c.vocab_size:
         raise ValueError(f"{path}: tokenizer has {tok.vocab_size} ids, the model only {c.vocab_size}")
     listed = [*(c.stop_ids or [c.eos_token_id]), *([tok.eos_id] if tok.eos_id is not None else [])]
-    for i in stop_ids or ():
-        if not 0 <= i < tok.vocab_size or i == c.mask_token_id:
-            raise ValueError(f"--stop-ids: {i} is not a token id of {path}'s vocabulary "
-                             f"(0..{tok.vocab_size - 1}, the mask token {c.mask_token_id} excepted)")
-    stops = tuple(dict.fromkeys(listed if stop_ids is None else stop_ids))
+    stops = tuple(dict.fromkeys(listed if stop_ids is None else check_stop_ids(stop_ids, tok, c.mask_token_id, path)))
     c.stop_ids = () if stops == (c.eos_token_id,) else stops    # (): eos_token_id alone
     return model, tok
+
+
+def check_stop_ids(stop_ids, tok, mask_id, path):
+    """--stop-ids: each a token id of the vocabulary but the mask token. -> stop_ids"""
+    for i in stop_ids:
+        if not 0 <= i < tok.vocab_size or i == mask_id:
+            raise ValueError(f"--stop-ids: {i} is not a token id of {path}'s vocabulary "
+                             f"(0..{tok.vocab_size - 1}, the mask token {mask_id} excepted)")
+    return stop_ids
 
 
 def load_target(path, device="cpu", dtype=None, stop_ids=None):
@@ -62,8 +67,7 @@ def load_target(path, device="cpu", dtype=None, stop_ids=None):
 
 def saved_dtype(path):
     """--dtype's default: config.json's torch_dtype (transformers 5: dtype), else float32."""
-    hf = util.read_json(Path(path) / "config.json")
-    name = hf.get("torch_dtype") or hf.get("dtype")
+    name = (hf := util.read_json(Path(path) / "config.json")).get("torch_dtype") or hf.get("dtype")
     return getattr(torch, name) if name in DTYPES else torch.float32
 
 
@@ -139,8 +143,7 @@ def read_prompts(prompt, prompts_file, batch, default):
         raise ValueError("--prompt and --prompts-file: give one of them")
     if prompts_file is None:
         return [default if prompt is None else prompt]
-    texts = [r["question"] for _, r in util.read_prompts(prompts_file, "--prompts-file")]
-    if not texts:
+    if not (texts := [r["question"] for _, r in util.read_prompts(prompts_file, "--prompts-file")]):
         raise ValueError(f"--prompts-file {prompts_file} holds no prompts")
     return texts
 
@@ -235,8 +238,6 @@ SIMSD_FLAGS = ("drafter", "gamma", "verifier", "acceptance", "gate", "draft_step
 VERIFIERS = ("temporal", "copies")
 SPIFFY_FLAGS = ("graph", "draft_budget")
 SPEC_FLAGS = ("cost_table", "max_rows")   # both speculative methods
-
-
 RULE_FLAGS = dict(threshold=None, strategy=None, temperature=0.0, top_k=None, top_p=None, eb_threshold=EB_THRESHOLD)
 METHOD_FLAGS = tuple(k for k in SIMSD_FLAGS + SPIFFY_FLAGS + SPEC_FLAGS if k != "graph")
 

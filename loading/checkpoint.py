@@ -268,14 +268,18 @@ def read_config(path):
 
 
 def find_shards(path):
-    """The weight files of directory `path`: those model.safetensors.index.json lists (each
-    checked to exist), else model.safetensors alone."""
-    index = path / "model.safetensors.index.json"
-    if not index.is_file():
-        if not (path / "model.safetensors").is_file():
-            raise FileNotFoundError(f"no model.safetensors(.index.json) in {path}")
-        return ["model.safetensors"]
-    weight_map = read_json(index).get("weight_map")
+    """The weight files of directory `path`: those its model.safetensors.index.json lists, else
+    model.safetensors alone."""
+    if (path / "model.safetensors.index.json").is_file():
+        return indexed_shards(path / "model.safetensors.index.json")
+    if not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(f"no model.safetensors(.index.json) in {path}")
+    return ["model.safetensors"]
+
+
+def indexed_shards(index):
+    """The shard files a model.safetensors.index.json lists (each checked to exist)."""
+    path, weight_map = index.parent, read_json(index).get("weight_map")
     if not (isinstance(weight_map, dict) and weight_map
             and all(isinstance(s, str) for s in weight_map.values())):
         raise ValueError(f"{index}: no weight_map (weight name -> shard file)")

@@ -33,7 +33,6 @@ it: counts repeat exactly, and on a CPU, where a small op costs its dispatch, th
 outside the forwards is close to the share of time (docs/history.md, "Time outside the forwards
 is its ops"). It prints a table per block size: a row per method, a column per part.
 """
-import argparse
 import contextlib
 import sys
 import time

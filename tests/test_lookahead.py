@@ -15,7 +15,6 @@
 Run: python -m pytest tests/test_lookahead.py -q
 """
 import copy
-from functools import partial
 
 import pytest
 import torch

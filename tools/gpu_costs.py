@@ -16,7 +16,6 @@ is made from (measure/costs.py).
 """
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path

@@ -355,7 +355,7 @@ def simsd_flags(ap, variants=True):
         add("--reference", default=None, choices=REFERENCES, help="the drafts' source: a drafter (default), the "
             "target's last forward (trajectory) or n-gram lookup in the text so far (lookup)")
     add("--gate", type=float, default=None, help=f"--accept gated: the target confidence it accepts at ({GATE})")
-    add("--draft-steps", type=int, default=None, help="drafter forwards a round (default 3 at B = 4, else 1)")
+    add("--draft-steps", type=int, default=None, help="drafter forwards a round (default 3 at B = 4 and 8, else 2)")
     add("--draft-threshold", type=float, default=None, help=f"a drafter step also drafts every position above "
         f"this confidence ({DRAFT_THRESHOLD})")
     add("--draft-stop", type=float, default=None, help=f"stop drafting below this confidence ({DRAFT_STOP})")

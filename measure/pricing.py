@@ -61,9 +61,12 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
     drafting = costs.drafting(cost, drafter, None if table == "flat" else target)   # (flat: drafting free)
     if drafter is not None and (temporal or lossless):    # SimSD's drafter only where it pays
         p.draft = fast.gated(fast.draft_one_sync, cost, drafting, per_round)
-    if per_round is not None and (temporal or lossless):  # a round as the decoder drafts it, from a fresh block
-        s = speculate.Settings(**{f.name: settings[f.name] for f in fields(speculate.Settings)
-                                  if f.name in (settings or {})}).for_block(rule.block_size)
+    if per_round is not None and (temporal or lossless):
+        # priced at the full round the decoder drafts, from a fresh block: a text's last rounds, fewer
+        # blocks ahead, cost less and could pay (they are given up with the rest)
+        flags = {"verifier": "temporal" if temporal else "copies", **(settings or {})}
+        s = speculate.Settings(**{f.name: flags[f.name] for f in fields(speculate.Settings)
+                                  if f.name in flags}).for_block(rule.block_size)
         fresh = SimpleNamespace(n_masked=rule.block_size, host=range(rule.block_size))
         p.alone = not fast.pays(cost, per_round, fast.spend(drafting, s, fresh, s.lookahead) if drafting else 0.0)
     if learn and cost is not None and method in LEARNED and lossless and table != "flat" and not p.alone:

@@ -199,12 +199,17 @@ def test_a_request_in_a_batch_pays_its_share_of_the_round():
 
 
 def test_simsd_runs_its_rule_alone_where_the_round_it_drafts_would_not_pay(pair):
-    """Decided at the spend of the round the decoder drafts (its drafter steps, at its lookahead),
-    not at the cheapest one: where that round would not pay, no round drafts, so the rule runs alone."""
+    """Decided at the spend of the full round the decoder drafts (its drafter steps, at its
+    lookahead's price), not at the cheapest one: where that round would not pay, the rule runs alone.
+    The temporal path drafts the open block alone (lookahead 0), and is priced so."""
     target, drafter, _, rule = pair
     cost, where = flat_cost(), ROOT / "models" / "target"
-    cost.drafting = dict(model=costs.model_shape(drafter.config), step_s=[1e-3] * 4, round_s=0.0)
+    cost.drafting = dict(model=costs.model_shape(drafter.config), step_s=[5e-6, 5e-4, 5e-4, 1e-3], round_s=0.0)
     steps, copies = reach.per_round(where, "simsd", rule)
-    assert not fast.pays(cost, (steps, copies), 3e-3) and fast.pays(cost, (steps, copies), 1e-3)
-    assert price("simsd", where, target, rule, drafter, table=cost).alone                  # 3 drafter steps a round
+    assert not fast.pays(cost, (steps, copies), 3e-3) and fast.pays(cost, (steps, copies), 1.5e-3)
+    assert price("simsd", where, target, rule, drafter, table=cost).alone                  # 3 steps 3 blocks ahead
+    assert not price("simsd", where, target, rule, drafter, table=cost, settings=dict(lookahead=1)).alone
     assert not price("simsd", where, target, rule, drafter, table=cost, settings=dict(draft_steps=1)).alone
+    steps, copies = reach.per_round(where, "simsd-temporal", rule)
+    assert fast.pays(cost, (steps, copies), 1.5e-5) and not fast.pays(cost, (steps, copies), 3e-3)
+    assert not price("simsd-temporal", where, target, rule, drafter, table=cost, lossless=False).alone   # 3 x 5e-6

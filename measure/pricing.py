@@ -68,7 +68,8 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
         s = speculate.Settings(**{f.name: flags[f.name] for f in fields(speculate.Settings)
                                   if f.name in flags}).for_block(rule.block_size)
         fresh = SimpleNamespace(n_masked=rule.block_size, host=range(rule.block_size))
-        p.alone = not fast.pays(cost, per_round, fast.spend(drafting, s, fresh, s.lookahead) if drafting else 0.0)
+        spend = fast.spend(drafting, s, fresh, s.lookahead) if drafting else 0.0
+        p.alone = not fast.pays(cost, per_round, spend)
     if learn and cost is not None and method in LEARNED and lossless and table != "flat" and not p.alone:
         prior = per_round or STATED[method]   # the reach table's mean round, else a stated one
         p.learn = lambda: Learner(cost, prior, drafting, scale, fast.cutter(cost, rows, rule.block_size))
@@ -80,8 +81,11 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
         words += f"; drafting priced at {drafting['stated']:.2f}x a target forward (untimed: their active parameters)"
     if p.alone:
         shared = f" in a batch of {cost.batch}" if getattr(cost, "batch", 1) > 1 else ""
+        gain = per_round[0] / (spend + cost(1 + per_round[1])) * cost(1)   # (fast.pays' question)
         reach_words = (f"B={rule.block_size} {method}: its rounds would not pay here{shared} ({per_round[0]:.2f} "
-                       f"steps a round for {per_round[1]:.2f} copies, by the cost and reach tables): the rule alone")
+                       f"steps a round for {per_round[1]:.2f} copies, {gain:.2f}x the rule's steps a second, "
+                       f"under the {fast.MARGIN:.2f}x it needs, by the cost and reach tables; --cost-table none: "
+                       "unpriced): plain decoding, the rule alone")
     p.why = reach_words + ", amended by each request's own rounds" * bool(p.learn)
     p.note = words + (f"; at most {rows} rows a forward" if rows else "") + f"; {reach_words}" * bool(reach_words)
     return p

@@ -5,9 +5,8 @@ docs/design.md, section 3 (after the SimSD paper). Each round of the loop (decod
           drafted token d_i with its step label tau(i) and its distribution p_draft(i).
   verify  lossless (the default): the drafter's states as block copies in ONE target forward,
           the target's own rule walked through them (verify.py): plain decoding's tokens, fp32.
-          temporal (the paper's): ONE forward over [data section | mask section] under the
-          token-level temporal mask (verify_temporal), the drafts accepted along tau
-          (accept_temporal), greedy or sampled; not lossless.
+          temporal (the paper's): ONE forward over [data | mask section] under the token-level
+          temporal mask (verify_temporal), drafts accepted along tau (accept_temporal): lossy.
 """
 from dataclasses import dataclass, replace
 from itertools import accumulate, count

@@ -78,7 +78,11 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
     """Plain decoding through the verified copies of g, from copies[0] at step index `step`,
     on while the new state is a copy of its block to go on from (next_copies). extra(packed
     logits, the (m, B) states stepped from, the (m, B) new states) -> m-row tensors brought
-    back (Walk.ranks: the last state's). A host sync a step (walk_one_sync: one a round)."""
+    back (Walk.ranks: the last state's). A host sync a step (walk_one_sync: one a round).
+    E.g. B = 4, `_` a mask: copies 0 `a _ _ _` (the open block), 1 `a b _ _`, 2 `a b c _`, 3
+    `a b c d` and 4 `_ _ _ _` (the next block, after copy 3); next_copies 0, 1, 2, 4, 4. Copy 0's
+    logits step to `a b _ _`: copy 1, on from 1; copy 1's to `a b c d`: copy 3, complete, on from
+    4 at step 0; copy 4's to `e _ _ _`: no copy, the round ends. Three steps, one forward."""
     each, n = logits.split(g.n_masked), len(g.n_masked)
     after, then = g.after or [-1] * n, next_copies(g)
     path, crossed, visited, i = [], [], [], 0
@@ -100,7 +104,10 @@ def walk(logits, g, step, rule, generator=None, extra=no_extra):
 def walk_one_sync(logits, g, step, rule, generator=None, extra=no_extra):
     """walk's Walk with ONE host sync a round: the command lines' walk. It differs in how: for a
     greedy_fixed_quota rule every copy is stepped in one call and which copy each new state is, is
-    found on the device (another rule: walk itself). Held equal to walk: tests/test_walk.py."""
+    found on the device (another rule: walk itself). Held equal to walk: tests/test_walk.py.
+    In walk's example: each copy stepped at once; hit[i, j]: copy i's new state is copy j, of
+    its block, to go on from (hit[0, 1], hit[1, 3]); nxt = first_true(hit) comes back in one
+    sync and the host follows it: path 0, then[nxt[0]] = 1, then[nxt[1]] = 4; nxt[4] = 5 ends."""
     if len(g.n_masked) == 1:                      # nothing guessed: one step, nothing to compare
         new = rule(logits, g.copies[0], step, generator)
         host, *ranks = to_host(new, *extra(logits, g.copies, new[None]))

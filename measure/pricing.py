@@ -54,13 +54,8 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
     temporal = method.endswith("-temporal")
     per_round = reach.per_round(target_dir, method, rule) if cost is not None else None
     rows = default_rows(max_rows, device, compile, rule.block_size)
-    scale, reach_words = reach.find(target_dir, method, rule) if method in reach.METHODS and not temporal \
-        else (None, "")                           # (the temporal path cuts no copies)
-    p = Pricing(fast.cutter(cost, rows, rule.block_size, scale), max_rows=rows, cost=cost,
-                stale=getattr(cost, "stale", None))
+    p = Pricing(max_rows=rows, cost=cost, stale=getattr(cost, "stale", None))
     drafting = costs.drafting(cost, drafter, None if table == "flat" else target)   # (flat: drafting free)
-    if drafter is not None and (temporal or lossless):    # SimSD's drafter only where it pays
-        p.draft = fast.gated(fast.draft_one_sync, cost, drafting, per_round)
     if per_round is not None and (temporal or lossless):
         # priced at the full round the decoder drafts, from a fresh block: a text's last rounds, fewer
         # blocks ahead, cost less and could pay (they are given up with the rest)
@@ -70,13 +65,19 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
         fresh = SimpleNamespace(n_masked=rule.block_size, host=range(rule.block_size))
         spend = fast.spend(drafting, s, fresh, s.lookahead) if drafting else 0.0
         p.alone = not fast.pays(cost, per_round, spend)
-    if learn and cost is not None and method in LEARNED and lossless and table != "flat" and not p.alone:
-        prior = per_round or STATED[method]   # the reach table's mean round, else a stated one
-        p.learn = lambda: Learner(cost, prior, drafting, scale, fast.cutter(cost, rows, rule.block_size))
+    scale, reach_words = None, ""
+    if not p.alone:   # (the rule alone cuts no copies, runs no drafter and learns nothing)
+        if method in reach.METHODS and not temporal:   # (the temporal path cuts no copies)
+            scale, reach_words = reach.find(target_dir, method, rule)
+        p.cut = fast.cutter(cost, rows, rule.block_size, scale)
+        if drafter is not None and (temporal or lossless):    # SimSD's drafter only where it pays
+            p.draft = fast.gated(fast.draft_one_sync, cost, drafting, per_round)
+        if learn and cost is not None and method in LEARNED and lossless and table != "flat":
+            prior = per_round or STATED[method]   # the reach table's mean round, else a stated one
+            p.learn = lambda: Learner(cost, prior, drafting, scale, fast.cutter(cost, rows, rule.block_size))
     if temporal:   # (the temporal path prices its drafting; it cuts no copies)
-        words = "drafting priced by " + words.replace("every copy verified", "every round drafts")
-    else:
-        words = "copies sized by " + words
+        words = words.replace("every copy verified", "every round drafts")
+    words = ("priced by " if p.alone else "drafting priced by " if temporal else "copies sized by ") + words
     if drafting and "stated" in drafting:
         words += f"; drafting priced at {drafting['stated']:.2f}x a target forward (untimed: their active parameters)"
     if p.alone:

@@ -172,7 +172,7 @@ def test_the_command_lines_price_the_temporal_path_by_its_own_tables(pair):
     target, drafter, _, rule = pair
     where = ROOT / "models" / "target"
     cost = flat_cost()
-    cost.drafting = dict(model=costs.model_shape(drafter.config), step_s=[1e-3] * 4, round_s=0.0)
+    cost.drafting = dict(model=costs.model_shape(drafter.config), step_s=[1e-6] * 4, round_s=0.0)   # (its round pays)
     assert reach.method_of("simsd", "lookup", "temporal") == "simsd-lookup-temporal"
     assert reach.method_of("simsd", None, "temporal") == "simsd-temporal"
     assert price("simsd-temporal", where, target, rule, drafter, table=cost, lossless=False).draft \
@@ -207,7 +207,8 @@ def test_simsd_runs_its_rule_alone_where_the_round_it_drafts_would_not_pay(pair)
     cost.drafting = dict(model=costs.model_shape(drafter.config), step_s=[5e-6, 5e-4, 5e-4, 1e-3], round_s=0.0)
     steps, copies = reach.per_round(where, "simsd", rule)
     assert not fast.pays(cost, (steps, copies), 3e-3) and fast.pays(cost, (steps, copies), 1.5e-3)
-    assert price("simsd", where, target, rule, drafter, table=cost).alone                  # 3 steps 3 blocks ahead
+    full = price("simsd", where, target, rule, drafter, table=cost)                      # 3 steps 3 blocks ahead
+    assert full.alone and full.cut is None and full.learn is None         # (nothing built for rounds never run)
     assert not price("simsd", where, target, rule, drafter, table=cost, settings=dict(lookahead=1)).alone
     assert not price("simsd", where, target, rule, drafter, table=cost, settings=dict(draft_steps=1)).alone
     steps, copies = reach.per_round(where, "simsd-temporal", rule)

@@ -22,20 +22,22 @@ class Counts:
 
     def lossless(self, g, w):
         """A round of verify.lossless_round: Guesses g, Walk w. With g.drafted (SimSD's), the
-        drafts accepted (the most any state the walk reached holds) and why the round ended."""
+        drafts accepted (the most any state the walk reached holds) and why the round ended.
+        -> walked(g, w) where g has reach, else None."""
         self.n["steps", len(w.path)] += 1
         self.n["copies", len(g.n_masked) - 1] += 1
         self.n["blocks_ahead"] += len(w.crossed)
-        if g.reach is not None:
-            for r, seen in enumerate(walked(g, w)[1:], 1):
-                self.n["reach", r] += g.reach[r]
-                self.n["walked", r] += seen
+        seen = None if g.reach is None else walked(g, w)
+        for r, visited in enumerate((seen or [])[1:], 1):
+            self.n["reach", r] += g.reach[r]
+            self.n["walked", r] += visited
         if g.drafted is not None:
             depth = lineage(g.after)[0] if g.after else [0] * len(g.n_masked)
             ended = [c for c, s in enumerate(w.copies) if s == w.host and depth[c] == len(w.crossed)]
             k, most = max(g.drafted[c] for c in [0, *w.visited, *ended]), max(g.drafted)
             self.ended(k, "nothing drafted" if not most else "every draft accepted" if k == most
                        else "target chose otherwise")
+        return seen
 
     def temporal(self, d, k):
         """A round of speculate.temporal_round: Draft d, of which k drafts were accepted; per

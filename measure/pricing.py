@@ -16,7 +16,7 @@ import torch
 import fast
 import speculate
 from measure import costs, reach
-from measure.counts import Counts, walked
+from measure.counts import Counts
 
 GPU_ROWS = 256    # the row cap's default on a GPU (see max_rows)
 MAX_BUCKET = 16   # static shapes: by default, queries of at most 16 blocks (fast.STATIC_ROWS rows)
@@ -82,11 +82,10 @@ def price(method, target_dir, target, rule, drafter=None, *, table=None, max_row
         words += f"; drafting priced at {drafting['stated']:.2f}x a target forward (untimed: their active parameters)"
     if p.alone:
         shared = f" in a batch of {cost.batch}" if getattr(cost, "batch", 1) > 1 else ""
-        gain = per_round[0] / (spend + cost(1 + per_round[1])) * cost(1)   # (fast.pays' question)
         reach_words = (f"B={rule.block_size} {method}: its rounds would not pay here{shared} ({per_round[0]:.2f} "
-                       f"steps a round for {per_round[1]:.2f} copies, {gain:.2f}x the rule's steps a second, "
-                       f"under the {fast.MARGIN:.2f}x it needs, by the cost and reach tables; --cost-table none: "
-                       "unpriced): plain decoding, the rule alone")
+                       f"steps a round for {per_round[1]:.2f} copies, {speed(cost, per_round, spend):.2f}x the rule's "
+                       f"steps a second, under the {fast.MARGIN:.2f}x it needs, by the cost and reach tables; "
+                       "--cost-table none: unpriced): plain decoding, the rule alone")
     p.why = reach_words + ", amended by each request's own rounds" * bool(p.learn)
     p.note = words + (f"; at most {rows} rows a forward" if rows else "") + f"; {reach_words}" * bool(reach_words)
     return p
@@ -117,10 +116,6 @@ class Learner(Counts):
         self.on = False                                  # whether this round speculates
         self.back = 0                                    # the round speculation comes back (a probe)
 
-    def speed(self, per_round, spend):
-        """A round's steps a second over the rule's (one step a forward of one block)."""
-        return per_round[0] / (spend + self.cost(1 + per_round[1])) * self.cost(1)
-
     def wants(self, spend=0.0):
         """Whether this round speculates, at `spend` seconds of proposing (asked once a round)."""
         self.rounds, self.spend = self.rounds + 1, spend
@@ -139,16 +134,17 @@ class Learner(Counts):
                 for r in range(1, max([len(self.table_scale), *(r for _, r in self.verified)]) + 2)]
 
     def lossless(self, g, w):
-        super().lossless(g, w)
+        seen = super().lossless(g, w)
         if not self.on:   # (a round that proposed, its copies cut to the open block: judged too)
             return
         if self.raw is not None:   # Spiffy's: each verified copy's raw reach, and whether it was walked
             self.verified = Counter({k: self.FADE * x for k, x in self.verified.items()})
-            for r, visited in enumerate(walked(g, w)[1:], 1):
+            for r, visited in enumerate(seen[1:], 1):
                 self.verified["reach", r] += self.raw[r]
                 self.verified["walked", r] += visited
         counts = (len(w.path), len(g.n_masked) - 1)
-        x, last = self.speed(counts, self.spend), self.speeds or [self.speed(self.est, self.spend)] * self.WINDOW
+        x = speed(self.cost, counts, self.spend)
+        last = self.speeds or [speed(self.cost, self.est, self.spend)] * self.WINDOW
         self.speeds = [x] * self.WINDOW if self.probe else last[1:] + [x]   # (a probe: its round alone)
         self.n["learned", "probes"] += self.probe
         if sum(self.speeds) >= self.OFF * self.WINDOW:
@@ -180,6 +176,12 @@ class Learner(Counts):
 
     def summary(self):
         return dict(super().summary(), learned=self.hist("learned"))
+
+
+def speed(cost, per_round, spend):
+    """A round's steps a second over the rule's (one step a forward of one block), by cost table
+    `cost`: per_round (steps, copies past the open block), `spend` seconds of proposing."""
+    return per_round[0] / (spend + cost(1 + per_round[1])) * cost(1)
 
 
 def default_rows(rows, device, compile, block_size):
